@@ -1,0 +1,95 @@
+-- The backend's entry point: validate a chat turn and queue it.
+--
+--   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there');
+--   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there', 'req-7f3a');
+--
+-- Returns the turn id. With an idempotency key, a repeated call returns the
+-- first call's turn instead of queueing another. Bad input raises SQLSTATE
+-- 22023 (invalid_parameter_value) or P0002 (unknown character) and queues nothing.
+-- Completion is announced on channel `kvmem_turn_done` (JSON payload).
+CREATE OR REPLACE FUNCTION kvmem_enqueue_turn(
+    session_id      text,
+    user_id         text,
+    character_id    bigint,
+    message         text,
+    idempotency_key text DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_limit    integer;
+    v_owner    text;
+    v_existing record;
+    v_id       bigint;
+    v_attempts integer;
+BEGIN
+    IF session_id IS NULL OR btrim(session_id) = '' THEN
+        RAISE EXCEPTION 'kvmem: session_id must not be blank' USING ERRCODE = '22023';
+    END IF;
+    IF length(session_id) > 200 THEN
+        RAISE EXCEPTION 'kvmem: session_id is % characters, over the limit of 200', length(session_id)
+            USING ERRCODE = '22023';
+    END IF;
+    IF user_id IS NULL OR btrim(user_id) = '' THEN
+        RAISE EXCEPTION 'kvmem: user_id must not be blank' USING ERRCODE = '22023';
+    END IF;
+    IF message IS NULL OR btrim(message) = '' THEN
+        RAISE EXCEPTION 'kvmem: message must not be empty' USING ERRCODE = '22023';
+    END IF;
+    SELECT value::integer INTO v_limit FROM kvmem_config WHERE key = 'max_message_chars';
+    IF length(message) > coalesce(v_limit, 8000) THEN
+        RAISE EXCEPTION 'kvmem: message is % characters, over the limit of % (kvmem_config.max_message_chars)',
+            length(message), coalesce(v_limit, 8000) USING ERRCODE = '22023';
+    END IF;
+    -- Text cannot hold NUL (Postgres rejects it before we run); other control
+    -- characters are refused here so they never reach the tokenizer.
+    IF message ~ '[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]' THEN
+        RAISE EXCEPTION 'kvmem: message contains control characters' USING ERRCODE = '22023';
+    END IF;
+
+    SELECT uc.user_id INTO v_owner FROM user_characters uc WHERE uc.id = character_id;
+    IF NOT FOUND OR v_owner IS DISTINCT FROM user_id THEN
+        -- A foreign character is reported like a missing one: ids of other users do not leak.
+        RAISE EXCEPTION 'kvmem: unknown character % for user %', character_id, user_id
+            USING ERRCODE = 'P0002';
+    END IF;
+
+    -- Serialise enqueues per session so ids, and so run order, follow commit order.
+    PERFORM pg_advisory_xact_lock(hashtextextended('kvmem:' || session_id, 0));
+
+    IF idempotency_key IS NOT NULL THEN
+        SELECT t.id, t.session_id INTO v_existing FROM turns t WHERE t.idempotency_key = idempotency_key;
+        IF FOUND THEN
+            IF v_existing.session_id <> session_id THEN
+                RAISE EXCEPTION 'kvmem: idempotency key % already used by session %',
+                    idempotency_key, v_existing.session_id USING ERRCODE = '22023';
+            END IF;
+            RETURN v_existing.id;
+        END IF;
+    END IF;
+
+    -- A session belongs to one user and one character: its memory is theirs alone.
+    PERFORM 1 FROM turns t
+     WHERE t.session_id = session_id
+       AND (t.user_id <> user_id OR t.character_id <> character_id)
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'kvmem: session % belongs to another user or character', session_id
+            USING ERRCODE = '22023';
+    END IF;
+
+    SELECT value::integer INTO v_attempts FROM kvmem_config WHERE key = 'max_attempts';
+    INSERT INTO turns (session_id, user_id, character_id, message, idempotency_key, max_attempts)
+    VALUES (session_id, user_id, character_id, message, idempotency_key, coalesce(v_attempts, 5))
+    ON CONFLICT DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+        -- A concurrent call with the same key won the insert.
+        SELECT t.id INTO v_id FROM turns t WHERE t.idempotency_key = idempotency_key;
+        RETURN v_id;
+    END IF;
+
+    PERFORM pg_notify('kvmem_turns', session_id);
+    RETURN v_id;
+END;
+$$;

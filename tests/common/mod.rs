@@ -1,0 +1,149 @@
+//! Shared test harness: fresh migrated databases, fixture characters, models, and a
+//! `drain` that runs the worker's unit of work until the queue is empty (no sleeps).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvmem::config::Settings;
+use kvmem::engine::{Engine, EngineParams};
+use kvmem::generator::Generator;
+use kvmem::pipeline::TurnPipeline;
+use kvmem::worker::{process_next_turn, Deps, Outcome};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+/// Test settings: short leases and backoffs so crash paths run in seconds.
+pub fn settings(overrides: serde_json::Value) -> Settings {
+    let base = Settings::defaults()
+        .with(serde_json::json!({
+            "lease_ms": 2000, "heartbeat_ms": 500, "poll_ms": 50, "reaper_ms": 200,
+            "backoff_base_ms": 50, "backoff_max_ms": 400, "log_level": "warn",
+        }))
+        .unwrap();
+    base.with(overrides).unwrap()
+}
+
+pub async fn migrate(pool: &PgPool) {
+    kvmem::db::migrate(pool).await.expect("migrate");
+}
+
+/// A character owned by `user`, with seed-like stats and a sword.
+pub async fn character(pool: &PgPool, user: &str, name: &str) -> i64 {
+    let eq: i64 = sqlx::query_scalar(
+        "INSERT INTO equipment (equipment_name) VALUES ('Plasma Sword') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query_scalar(
+        "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet,
+             stress_level, team_trust, mental_health, battle_focus, primary_equipment_id)
+         VALUES ($1, $2, 'A veteran pilot.', 85, 100, 1250, 20, 70, 60, 55, $3) RETURNING id",
+    )
+    .bind(user)
+    .bind(name)
+    .bind(eq)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Deps with the echo generator (queue-mechanics tests only).
+pub fn echo_deps(pool: &PgPool, settings: Settings, worker_id: &str) -> Deps {
+    Deps {
+        pool: pool.clone(),
+        settings: Arc::new(settings),
+        generator: Generator::Echo {
+            delay: Duration::ZERO,
+        },
+        worker_id: worker_id.to_string(),
+    }
+}
+
+/// Runs turns until the queue has nothing runnable; returns the outcomes.
+pub async fn drain(deps: &Deps) -> Vec<Outcome> {
+    let never = CancellationToken::new();
+    let mut out = Vec::new();
+    loop {
+        match process_next_turn(deps, &never)
+            .await
+            .expect("process_next_turn")
+        {
+            Outcome::Empty => return out,
+            o => out.push(o),
+        }
+    }
+}
+
+fn model_path(var: &str, file: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(var) {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let p = PathBuf::from(home).join(".cache/kvmem/models").join(file);
+    assert!(
+        p.exists(),
+        "{var} is unset and {} is missing: run ops/test (it fetches and builds the models)",
+        p.display()
+    );
+    p
+}
+
+/// The tiny random-weight llama made by ops/make-tiny-model.
+pub fn tiny_model() -> PathBuf {
+    model_path("KVMEM_TEST_TINY", "tiny-random-llama.gguf")
+}
+
+/// The same architecture with other weights: another MODEL_SHA.
+pub fn tiny_model_alt() -> PathBuf {
+    model_path("KVMEM_TEST_TINY_ALT", "tiny-random-llama-seed1.gguf")
+}
+
+/// SmolLM2-135M-Instruct from ops/fetch-model.
+pub fn smollm2() -> PathBuf {
+    model_path("KVMEM_TEST_SMOLLM2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+pub fn load_engine(path: &std::path::Path, settings: &Settings) -> Arc<Engine> {
+    Arc::new(Engine::load(path, None, EngineParams::from_settings(settings)).expect("load model"))
+}
+
+/// Deps running the real pipeline on `model`.
+pub fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>, worker_id: &str) -> Deps {
+    let settings = Arc::new(settings);
+    let pipeline = TurnPipeline::new(engine, settings.clone()).expect("pipeline");
+    Deps {
+        pool: pool.clone(),
+        settings,
+        generator: Generator::Llama(Arc::new(pipeline)),
+        worker_id: worker_id.to_string(),
+    }
+}
+
+/// The latest turn_log row for a turn, as (loaded, cold, digest_injected, tokens_in_kv, digest_version, status).
+pub async fn last_log(pool: &PgPool, turn_id: i64) -> LogRow {
+    sqlx::query_as::<_, LogRow>(
+        "SELECT loaded, cold, cold_reason, digest_injected, tokens_in_kv, kv_bytes, digest_version, status, error, s_tokens
+           FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(turn_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct LogRow {
+    pub loaded: bool,
+    pub cold: bool,
+    pub cold_reason: Option<String>,
+    pub digest_injected: bool,
+    pub tokens_in_kv: i32,
+    pub kv_bytes: i64,
+    pub digest_version: String,
+    pub status: String,
+    pub error: Option<String>,
+    pub s_tokens: i32,
+}

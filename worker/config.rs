@@ -1,0 +1,311 @@
+//! Settings, layered so one binary serves dev, test and production: `config/default.toml`,
+//! then `config/{KVMEM_ENV}.toml`, then the environment (seed 000's exact names, plus
+//! `KVMEM_<KEY>` for the rest).
+
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Seed 000's variables, read from the environment under their exact names.
+const SEED_VARS: &[&str] = &[
+    "KV_ONLY_ENABLED",
+    "KV_TAIL_TOKENS",
+    "N_CTX",
+    "REPLY_MAX_TOKENS",
+    "DIGEST_MAX_TOKENS",
+    "HUD_MAX_TOKENS",
+    "MODEL_SHA",
+    "KV_COMPRESS",
+    "DATABASE_URL",
+];
+
+/// Everything the worker, the CLI and the tests can tune.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    #[serde(deserialize_with = "flag")]
+    pub kv_only_enabled: bool,
+    pub kv_tail_tokens: u32,
+    pub n_ctx: u32,
+    pub reply_max_tokens: u32,
+    pub digest_max_tokens: u32,
+    pub hud_max_tokens: u32,
+    #[serde(default)]
+    pub model_sha: Option<String>,
+    #[serde(deserialize_with = "flag")]
+    pub kv_compress: bool,
+    #[serde(default)]
+    pub database_url: Option<String>,
+
+    #[serde(default)]
+    pub model_path: Option<PathBuf>,
+    pub kv_dir: PathBuf,
+    pub kv_type: KvType,
+    pub n_threads: u32,
+    pub n_batch: u32,
+    pub engine_slots: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub sampling_seed: u32,
+    pub base_prompt: String,
+
+    pub concurrency: u32,
+    pub lease_ms: u64,
+    pub heartbeat_ms: u64,
+    pub poll_ms: u64,
+    pub reaper_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub shutdown_grace_ms: u64,
+    pub lanes: Vec<String>,
+
+    pub log_format: LogFormat,
+    pub log_level: String,
+}
+
+/// KV cache element type; recorded in every snapshot header.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum KvType {
+    F16,
+    Q8_0,
+    F32,
+}
+
+impl KvType {
+    /// The name written into LLKV1 headers and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+            KvType::F32 => "f32",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+/// A start-up configuration error. figment's message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Figment(#[from] Box<figment::Error>),
+    #[error("configuration: {key} {problem}")]
+    Invalid { key: &'static str, problem: String },
+}
+
+impl Settings {
+    /// Loads the layers from `dir` (normally `config/`) and the process environment.
+    pub fn load_from(dir: &Path) -> Result<Settings, ConfigError> {
+        let env_name = std::env::var("KVMEM_ENV").unwrap_or_else(|_| "local".into());
+        let figment = Figment::new()
+            .merge(Toml::file(dir.join("default.toml")))
+            .merge(Toml::file(dir.join(format!("{env_name}.toml"))))
+            .merge(Env::prefixed("KVMEM_").ignore(&["ENV", "CONFIG_DIR"]))
+            .merge(Env::raw().only(SEED_VARS));
+        Self::extract(figment)
+    }
+
+    /// Loads from `KVMEM_CONFIG_DIR`, else `./config`, else the copy built into the binary.
+    pub fn load() -> Result<Settings, ConfigError> {
+        let dir = std::env::var_os("KVMEM_CONFIG_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("config"));
+        if dir.join("default.toml").exists() {
+            return Self::load_from(&dir);
+        }
+        let figment = Figment::new()
+            .merge(Toml::string(include_str!("../config/default.toml")))
+            .merge(Env::prefixed("KVMEM_").ignore(&["ENV", "CONFIG_DIR"]))
+            .merge(Env::raw().only(SEED_VARS));
+        Self::extract(figment)
+    }
+
+    /// The built-in defaults, with nothing from files or the environment.
+    pub fn defaults() -> Settings {
+        Self::extract(Figment::new().merge(Toml::string(include_str!("../config/default.toml"))))
+            .expect("config/default.toml is valid")
+    }
+
+    /// Layers `overrides` (a serializable struct or map) over these settings.
+    pub fn with(&self, overrides: impl Serialize) -> Result<Settings, ConfigError> {
+        Self::extract(
+            Figment::new()
+                .merge(Serialized::defaults(self))
+                .merge(Serialized::defaults(overrides)),
+        )
+    }
+
+    fn extract(figment: Figment) -> Result<Settings, ConfigError> {
+        let settings: Settings = figment.extract().map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, problem: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                problem: problem.to_string(),
+            })
+        };
+        if self.n_ctx < 64 {
+            return invalid("N_CTX", "must be at least 64");
+        }
+        if self.kv_tail_tokens == 0 || self.kv_tail_tokens > self.n_ctx {
+            return invalid("KV_TAIL_TOKENS", "must be between 1 and N_CTX");
+        }
+        if self.reply_max_tokens == 0 || self.reply_max_tokens >= self.n_ctx {
+            return invalid("REPLY_MAX_TOKENS", "must be between 1 and N_CTX - 1");
+        }
+        if let Some(sha) = &self.model_sha {
+            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return invalid("MODEL_SHA", "must be 64 hex digits (a SHA-256)");
+            }
+        }
+        if self.concurrency == 0 {
+            return invalid("KVMEM_CONCURRENCY", "must be at least 1");
+        }
+        if self.engine_slots == 0 {
+            return invalid("KVMEM_ENGINE_SLOTS", "must be at least 1");
+        }
+        if self.heartbeat_ms == 0 || self.heartbeat_ms >= self.lease_ms {
+            return invalid(
+                "KVMEM_HEARTBEAT_MS",
+                "must be above 0 and below KVMEM_LEASE_MS",
+            );
+        }
+        if !(0.0..=1.0).contains(&self.top_p) || self.temperature < 0.0 {
+            return invalid(
+                "KVMEM_TEMPERATURE",
+                "temperature must be >= 0, top_p in 0..=1",
+            );
+        }
+        if self.lanes.is_empty() {
+            return invalid("KVMEM_LANES", "must name at least one lane");
+        }
+        Ok(())
+    }
+
+    /// The database URL, or a clear error naming the variable.
+    pub fn database_url(&self) -> Result<&str, ConfigError> {
+        self.database_url
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .ok_or(ConfigError::Invalid {
+                key: "DATABASE_URL",
+                problem: "is not set (run `eval \"$(ops/pg start)\"` for a throwaway cluster)"
+                    .into(),
+            })
+    }
+}
+
+/// Accepts `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`: seed 000 writes both
+/// `KV_ONLY_ENABLED=true` and `KV_COMPRESS=1`.
+fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bool(bool),
+        Int(i64),
+        Str(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Bool(b) => Ok(b),
+        Raw::Int(0) => Ok(false),
+        Raw::Int(1) => Ok(true),
+        Raw::Str(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" => Ok(false),
+            other => Err(serde::de::Error::custom(format!(
+                "expected true/false or 1/0, found {other:?}"
+            ))),
+        },
+        Raw::Int(n) => Err(serde::de::Error::custom(format!(
+            "expected true/false or 1/0, found {n}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config_dir() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config")
+    }
+
+    #[test]
+    fn defaults_are_seed_000s() {
+        let s = Settings::defaults();
+        assert!(s.kv_only_enabled && s.kv_compress);
+        assert_eq!(
+            (
+                s.kv_tail_tokens,
+                s.n_ctx,
+                s.reply_max_tokens,
+                s.digest_max_tokens,
+                s.hud_max_tokens
+            ),
+            (2000, 4096, 800, 180, 40)
+        );
+        assert_eq!(s.model_sha, None);
+    }
+
+    #[test]
+    fn every_config_file_parses() {
+        for entry in std::fs::read_dir(config_dir()).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_stem().unwrap().to_string_lossy().to_string();
+            figment::Jail::expect_with(|jail| {
+                jail.clear_env();
+                jail.set_env("KVMEM_ENV", &name);
+                Settings::load_from(&config_dir()).map_err(|e| e.to_string())?;
+                Ok(())
+            });
+        }
+    }
+
+    #[test]
+    fn seed_variables_override_files() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("KV_TAIL_TOKENS", "256");
+            jail.set_env("KV_COMPRESS", "0");
+            jail.set_env("KV_ONLY_ENABLED", "false");
+            jail.set_env("KVMEM_LEASE_MS", "20000");
+            let s = Settings::load_from(&config_dir()).map_err(|e| e.to_string())?;
+            assert_eq!(s.kv_tail_tokens, 256);
+            assert!(!s.kv_compress && !s.kv_only_enabled);
+            assert_eq!(s.lease_ms, 20000);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("KV_TAIL_TOKENS", "lots");
+            let err = Settings::load_from(&config_dir()).unwrap_err().to_string();
+            assert!(err.to_lowercase().contains("kv_tail_tokens"), "{err}");
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("MODEL_SHA", "abc");
+            let err = Settings::load_from(&config_dir()).unwrap_err().to_string();
+            assert!(err.contains("MODEL_SHA"), "{err}");
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("KV_COMPRESS", "maybe");
+            let err = Settings::load_from(&config_dir()).unwrap_err().to_string();
+            assert!(err.to_lowercase().contains("kv_compress"), "{err}");
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,75 @@
+//! Connecting to Postgres and installing the schema: sqlx migrations for tables, then the
+//! `sql/api` and `sql/views` files, which are replaced on every run so they track the binary.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgPool};
+
+/// The table migrations in `migrations/`, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Functions and views, re-created after the migrations. Order matters: views may use functions.
+const REPLACEABLE_SQL: &[(&str, &str)] = &[
+    (
+        "sql/api/enqueue_turn.sql",
+        include_str!("../sql/api/enqueue_turn.sql"),
+    ),
+    (
+        "sql/views/queue.sql",
+        include_str!("../sql/views/queue.sql"),
+    ),
+];
+
+/// Errors while connecting or migrating.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("cannot connect to Postgres: {0}")]
+    Connect(#[source] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("installing {file} failed: {source}")]
+    Install {
+        file: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+/// Opens a pool. Statement logging is turned down: the queue's own spans say more.
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    let options: PgConnectOptions = url
+        .parse::<PgConnectOptions>()
+        .map_err(DbError::Connect)?
+        .disable_statement_logging();
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await
+        .map_err(DbError::Connect)
+}
+
+/// Brings a database to the schema this binary expects.
+pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    MIGRATOR.run(pool).await?;
+    install_replaceable(pool).await
+}
+
+async fn install_replaceable(pool: &PgPool) -> Result<(), DbError> {
+    // One transaction: a failed install leaves the previous functions and views in place.
+    let mut tx = pool.begin().await.map_err(|source| DbError::Install {
+        file: "transaction",
+        source,
+    })?;
+    for (file, sql) in REPLACEABLE_SQL {
+        sqlx::raw_sql(sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(|source| DbError::Install { file, source })?;
+    }
+    tx.commit().await.map_err(|source| DbError::Install {
+        file: "commit",
+        source,
+    })
+}

@@ -1,0 +1,27 @@
+//! kvmem gives LLM chat characters durable memory while keeping each turn fast.
+//!
+//! A backend queues chat turns in PostgreSQL with plain SQL (`kvmem_enqueue_turn`). Workers
+//! claim them with `FOR UPDATE SKIP LOCKED` under a per-session lease, so a session's turns
+//! run one at a time and in order, and a fencing token keeps a worker that lost its lease
+//! from ever writing a reply. The queue lives in Postgres because the turn, its reply, the
+//! dialogue and the log row must commit together: one transaction, no second system.
+//!
+//! Each turn runs a local model through llama.cpp and resumes the session's KV cache from
+//! an LLKV1 snapshot instead of re-reading the history. Around the KV sit the HUD (the
+//! character's self-state, ephemeral) and the digest (world-state facts, versioned by
+//! SHA-256 and injected only when it changed).
+
+pub mod config;
+pub mod db;
+pub mod digest;
+pub mod engine;
+pub mod generator;
+pub mod hud;
+pub mod kvlog;
+pub mod pipeline;
+pub mod queue;
+pub mod snapshot;
+pub mod status;
+pub mod telemetry;
+pub mod tokens;
+pub mod worker;

@@ -1,0 +1,194 @@
+//! The `kvmem` command: migrate, run the worker, enqueue by hand, and watch the queue.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use kvmem::config::Settings;
+use kvmem::engine::{Engine, EngineParams};
+use kvmem::generator::Generator;
+use kvmem::pipeline::TurnPipeline;
+use kvmem::worker::{self, Deps};
+use kvmem::{db, queue, status, telemetry};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "kvmem",
+    version,
+    about = "Durable memory for LLM chat characters: a Postgres turn queue with llama.cpp KV snapshots"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum GeneratorKind {
+    /// Seed 000's pipeline on the model at KVMEM_MODEL_PATH.
+    Llama,
+    /// Queue-test and benchmark generator: replies `echo: <message>`, loads no model.
+    Echo,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply migrations and (re)install the SQL API and views.
+    Migrate,
+    /// Run the claim loop until SIGTERM/SIGINT.
+    Worker {
+        #[arg(long, value_enum, default_value = "llama")]
+        generator: GeneratorKind,
+        /// Turns in flight at once (overrides KVMEM_CONCURRENCY).
+        #[arg(long)]
+        concurrency: Option<u32>,
+        /// Echo generator only: how long each reply takes, to simulate work.
+        #[arg(long, default_value_t = 0)]
+        echo_delay_ms: u64,
+    },
+    /// Queue one turn, as a backend would with `SELECT kvmem_enqueue_turn(...)`.
+    Enqueue {
+        #[arg(long)]
+        session: String,
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        character: i64,
+        #[arg(long)]
+        message: String,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Counts by state, oldest queued age, running sessions, dead turns.
+    Status {
+        /// Refresh every N seconds.
+        #[arg(long, value_name = "SECS")]
+        watch: Option<u64>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let settings = Settings::load().context("loading configuration")?;
+    telemetry::init(&settings);
+    let url = settings.database_url()?.to_string();
+    match cli.command {
+        Command::Migrate => {
+            let pool = db::connect(&url, 2).await?;
+            db::migrate(&pool).await?;
+            println!("migrated");
+        }
+        Command::Worker {
+            generator,
+            concurrency,
+            echo_delay_ms,
+        } => {
+            let mut settings = settings;
+            if let Some(c) = concurrency {
+                settings.concurrency = c;
+            }
+            run_worker(settings, generator, echo_delay_ms).await?;
+        }
+        Command::Enqueue {
+            session,
+            user,
+            character,
+            message,
+            idempotency_key,
+        } => {
+            let pool = db::connect(&url, 1).await?;
+            let id = queue::enqueue(
+                &pool,
+                &session,
+                &user,
+                character,
+                &message,
+                idempotency_key.as_deref(),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", db_message(&e)))?;
+            println!("{id}");
+        }
+        Command::Status { watch } => {
+            let pool = db::connect(&url, 1).await?;
+            loop {
+                let text = status::report(&pool).await?;
+                if watch.is_some() {
+                    print!("\x1b[2J\x1b[H");
+                }
+                print!("{text}");
+                match watch {
+                    Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,
+                    None => break,
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The database's own message for a raised error (our `kvmem: ...` texts), else the whole error.
+fn db_message(e: &queue::QueueError) -> String {
+    match e {
+        queue::QueueError::Db(sqlx::Error::Database(d)) => d.message().to_string(),
+        other => other.to_string(),
+    }
+}
+
+async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {
+    let settings = Arc::new(settings);
+    let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
+    db::migrate(&pool).await.context("migrating before start")?;
+    let generator = match kind {
+        GeneratorKind::Echo => Generator::Echo {
+            delay: Duration::from_millis(echo_delay_ms),
+        },
+        GeneratorKind::Llama => {
+            let path: PathBuf = settings
+                .model_path
+                .clone()
+                .context("KVMEM_MODEL_PATH is not set (run ops/fetch-model for SmolLM2)")?;
+            let params = EngineParams::from_settings(&settings);
+            let pinned = settings.model_sha.clone();
+            let engine =
+                tokio::task::spawn_blocking(move || Engine::load(&path, pinned.as_deref(), params))
+                    .await??;
+            tracing::info!(model_sha = %engine.model_sha, model = %engine.model_path.display(), "model loaded");
+            let pipeline = TurnPipeline::new(Arc::new(engine), settings.clone())?;
+            Generator::Llama(Arc::new(pipeline))
+        }
+    };
+    if settings.concurrency > settings.engine_slots && matches!(kind, GeneratorKind::Llama) {
+        tracing::warn!("concurrency above engine_slots: extra turns wait for a free context");
+    }
+    let deps = Deps {
+        pool,
+        settings: settings.clone(),
+        generator,
+        worker_id: worker::new_worker_id(),
+    };
+    let shutdown = CancellationToken::new();
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested: finishing or releasing turns in flight");
+        signals.cancel();
+    });
+    worker::run(deps, shutdown).await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

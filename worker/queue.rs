@@ -1,0 +1,275 @@
+//! The turn queue in Postgres: claim with a per-session lease, heartbeat, fenced
+//! completion, retry or death, and the reaper. Every statement lives in `sql/queue/`.
+
+use std::fmt;
+
+use serde::Serialize;
+use sqlx::{PgPool, Postgres, Row, Transaction};
+
+use crate::kvlog::KvLog;
+
+/// Channel the enqueue function notifies, payload = session id.
+pub const TURNS_CHANNEL: &str = "kvmem_turns";
+/// Channel announcing finished turns, payload = JSON `{turn_id, session_id, state}`.
+pub const TURN_DONE_CHANNEL: &str = "kvmem_turn_done";
+
+/// A turn's primary key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct TurnId(pub i64);
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// States of the `turn_state` enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "turn_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum TurnState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Dead,
+}
+
+/// A turn this worker holds the lease for.
+#[derive(Debug, Clone)]
+pub struct ClaimedTurn {
+    pub id: TurnId,
+    pub session_id: String,
+    pub user_id: String,
+    pub character_id: i64,
+    pub message: String,
+    pub lane: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub fencing_token: i64,
+    pub owner: String,
+}
+
+/// Queue errors. `Fenced` means another worker owns the session now: drop the work.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("lease lost for turn {0}: another worker owns the session now")]
+    Fenced(TurnId),
+}
+
+pub type Result<T, E = QueueError> = std::result::Result<T, E>;
+
+/// Lease and backoff settings, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueTiming {
+    pub lease_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+/// Claims the oldest runnable turn of any free session on `lanes`.
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    lease_ms: u64,
+    lanes: &[String],
+) -> Result<Option<ClaimedTurn>> {
+    let row = sqlx::query(include_str!("../sql/queue/claim.sql"))
+        .bind(owner)
+        .bind(lease_ms as f64)
+        .bind(lanes)
+        .fetch_optional(pool)
+        .await;
+    let row = match row {
+        Ok(row) => row,
+        // Two claims racing for one session: the unique index refused the second. Not an error.
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(ClaimedTurn {
+        id: TurnId(row.try_get("id")?),
+        session_id: row.try_get("session_id")?,
+        user_id: row.try_get("user_id")?,
+        character_id: row.try_get("character_id")?,
+        message: row.try_get("message")?,
+        lane: row.try_get("lane")?,
+        attempt: row.try_get("attempts")?,
+        max_attempts: row.try_get("max_attempts")?,
+        fencing_token: row.try_get("fencing_token")?,
+        owner: owner.to_string(),
+    }))
+}
+
+/// Extends the lease. `Ok(false)` means it was lost.
+pub async fn heartbeat(pool: &PgPool, turn: &ClaimedTurn, lease_ms: u64) -> Result<bool> {
+    let row = sqlx::query(include_str!("../sql/queue/heartbeat.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.fencing_token)
+        .bind(&turn.owner)
+        .bind(lease_ms as f64)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Locks the lease row and checks this worker still holds it.
+async fn fence(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {
+    let held = sqlx::query(include_str!("../sql/queue/fence.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.fencing_token)
+        .bind(&turn.owner)
+        .bind(turn.id.0)
+        .fetch_optional(&mut **tx)
+        .await?;
+    match held {
+        Some(_) => Ok(()),
+        None => Err(QueueError::Fenced(turn.id)),
+    }
+}
+
+/// Writes the reply, the dialogue rows, the log row and frees the lease: all or nothing.
+pub async fn complete(pool: &PgPool, turn: &ClaimedTurn, reply: &str, log: &KvLog) -> Result<()> {
+    // Scope: the whole completion, guarded by the fencing token.
+    let mut tx = pool.begin().await?;
+    fence(&mut tx, turn).await?;
+    let done = sqlx::query(include_str!("../sql/queue/complete.sql"))
+        .bind(turn.id.0)
+        .bind(reply)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if done.is_none() {
+        return Err(QueueError::Fenced(turn.id));
+    }
+    sqlx::query(include_str!("../sql/queue/insert_messages.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.id.0)
+        .bind(&turn.message)
+        .bind(reply)
+        .execute(&mut *tx)
+        .await?;
+    log.insert(&mut tx, turn).await?;
+    release_lease(&mut tx, turn).await?;
+    notify_done(&mut tx, turn, TurnState::Done).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Records a failed attempt: back to the queue with backoff, or `failed`/`dead`.
+pub async fn fail(
+    pool: &PgPool,
+    turn: &ClaimedTurn,
+    error: &str,
+    retryable: bool,
+    timing: QueueTiming,
+    log: &KvLog,
+) -> Result<TurnState> {
+    // Scope: the failed attempt's state change, its log row and the lease release.
+    let mut tx = pool.begin().await?;
+    fence(&mut tx, turn).await?;
+    let row = sqlx::query(include_str!("../sql/queue/fail.sql"))
+        .bind(turn.id.0)
+        .bind(error)
+        .bind(retryable)
+        .bind(timing.backoff_base_ms as f64)
+        .bind(timing.backoff_max_ms as f64)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(row) = row else {
+        return Err(QueueError::Fenced(turn.id));
+    };
+    let state: TurnState = row.try_get("state")?;
+    log.insert(&mut tx, turn).await?;
+    release_lease(&mut tx, turn).await?;
+    if state != TurnState::Queued {
+        notify_done(&mut tx, turn, state).await?;
+    }
+    tx.commit().await?;
+    Ok(state)
+}
+
+/// Gives a claimed turn back without counting the attempt (graceful shutdown).
+pub async fn release(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
+    let row = sqlx::query(include_str!("../sql/queue/release.sql"))
+        .bind(turn.id.0)
+        .bind(&turn.session_id)
+        .bind(turn.fencing_token)
+        .bind(&turn.owner)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// A turn the reaper moved out of `running`.
+#[derive(Debug, Clone)]
+pub struct Reaped {
+    pub turn_id: TurnId,
+    pub session_id: String,
+    pub state: TurnState,
+}
+
+/// Requeues (or kills) turns whose lease expired.
+pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
+    let rows = sqlx::query(include_str!("../sql/queue/reap.sql"))
+        .fetch_all(pool)
+        .await?;
+    rows.into_iter()
+        .map(|row| {
+            Ok(Reaped {
+                turn_id: TurnId(row.try_get("id")?),
+                session_id: row.try_get("session_id")?,
+                state: row.try_get("state")?,
+            })
+        })
+        .collect()
+}
+
+async fn release_lease(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {
+    sqlx::query(include_str!("../sql/queue/release_lease.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.fencing_token)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn notify_done(
+    tx: &mut Transaction<'_, Postgres>,
+    turn: &ClaimedTurn,
+    state: TurnState,
+) -> Result<()> {
+    let payload = serde_json::json!({
+        "turn_id": turn.id.0,
+        "session_id": turn.session_id,
+        "state": state,
+    });
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(TURN_DONE_CHANNEL)
+        .bind(payload.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Enqueues through the backend's SQL function, exactly as a backend would.
+pub async fn enqueue(
+    pool: &PgPool,
+    session_id: &str,
+    user_id: &str,
+    character_id: i64,
+    message: &str,
+    idempotency_key: Option<&str>,
+) -> Result<TurnId> {
+    let id: i64 = sqlx::query_scalar("SELECT kvmem_enqueue_turn($1, $2, $3, $4, $5)")
+        .bind(session_id)
+        .bind(user_id)
+        .bind(character_id)
+        .bind(message)
+        .bind(idempotency_key)
+        .fetch_one(pool)
+        .await?;
+    Ok(TurnId(id))
+}
