@@ -94,12 +94,12 @@ pub struct Engine {
 }
 
 fn backend() -> Result<&'static LlamaBackend> {
-    static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
-    if let Some(b) = BACKEND.get() {
-        return Ok(b);
-    }
-    let b = LlamaBackend::init().map_err(|e| EngineError::Context(e.to_string()))?;
-    Ok(BACKEND.get_or_init(|| b))
+    // llama.cpp's backend is process-global and may be initialised only once.
+    static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| EngineError::Context(e.clone()))
 }
 
 /// SHA-256 of a file, streamed.

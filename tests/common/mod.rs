@@ -20,6 +20,7 @@ pub fn settings(overrides: serde_json::Value) -> Settings {
         .with(serde_json::json!({
             "lease_ms": 2000, "heartbeat_ms": 500, "poll_ms": 50, "reaper_ms": 200,
             "backoff_base_ms": 50, "backoff_max_ms": 400, "log_level": "warn",
+            "kv_tail_tokens": 256, "reply_max_tokens": 32,
         }))
         .unwrap();
     base.with(overrides).unwrap()
@@ -107,6 +108,9 @@ pub fn smollm2() -> PathBuf {
 }
 
 pub fn load_engine(path: &std::path::Path, settings: &Settings) -> Arc<Engine> {
+    // No subscriber in tests: llama.cpp's chatter is routed to tracing and dropped.
+    static QUIET: std::sync::Once = std::sync::Once::new();
+    QUIET.call_once(|| llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default()));
     Arc::new(Engine::load(path, None, EngineParams::from_settings(settings)).expect("load model"))
 }
 
@@ -146,4 +150,35 @@ pub struct LogRow {
     pub status: String,
     pub error: Option<String>,
     pub s_tokens: i32,
+}
+
+/// Enqueues one turn, runs the queue dry, and returns the turn id with its log row.
+pub async fn one_turn(
+    deps: &Deps,
+    sid: &str,
+    user: &str,
+    ch: i64,
+    msg: &str,
+) -> (kvmem::queue::TurnId, LogRow) {
+    let id = kvmem::queue::enqueue(&deps.pool, sid, user, ch, msg, None)
+        .await
+        .expect("enqueue");
+    let outcomes = drain(deps).await;
+    assert!(
+        outcomes.contains(&Outcome::Done(id)) || outcomes.contains(&Outcome::Failed(id)),
+        "{outcomes:?}"
+    );
+    let log = last_log(&deps.pool, id.0).await;
+    (id, log)
+}
+
+/// The snapshot files in a directory, by extension.
+pub fn files_with_ext(dir: &std::path::Path, ext: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.to_string_lossy().ends_with(ext))
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -1,0 +1,247 @@
+//! The turn pipeline through the real queue and worker, on the tiny GGUF model: warm
+//! resume, the plateau, bad snapshots, the rollback path and over-budget messages.
+
+mod common;
+
+use common::*;
+use kvmem::snapshot::{self, Limits};
+use kvmem::worker::Outcome;
+use sqlx::PgPool;
+
+fn scene_settings(dir: &std::path::Path, extra: serde_json::Value) -> kvmem::config::Settings {
+    let s = settings(serde_json::json!({
+        "kv_dir": dir, "n_ctx": 1024, "kv_tail_tokens": 256, "reply_max_tokens": 24,
+    }));
+    s.with(extra).unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({}));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let mut sizes = Vec::new();
+    for t in 1..=30 {
+        let (_, log) = one_turn(
+            &deps,
+            "scene",
+            "u1",
+            ch,
+            &format!("Turn {t}: what do you see ahead?"),
+        )
+        .await;
+        assert_eq!(log.status, "OK", "{:?}", log.error);
+        assert!(
+            log.tokens_in_kv <= 256,
+            "turn {t}: {} tokens",
+            log.tokens_in_kv
+        );
+        assert_eq!(log.cold, t == 1, "turn {t}: {:?}", log.cold_reason);
+        assert_eq!(log.loaded, t > 1);
+        sizes.push(log.kv_bytes);
+    }
+    // Bytes plateau: the last ten saves stay within one turn's worth of each other.
+    let last = &sizes[20..];
+    let (lo, hi) = (last.iter().min().unwrap(), last.iter().max().unwrap());
+    assert!(*hi as f64 <= *lo as f64 * 1.5, "no plateau: {sizes:?}");
+    assert!(sizes[29] > sizes[0], "KV did not grow at all: {sizes:?}");
+    // The saved KV starts with the base prompt and holds no HUD text.
+    let scope = snapshot::scope_key("u1", ch, "scene");
+    let file = std::fs::read(dir.path().join(format!("{scope}.llkv"))).unwrap();
+    let snap = snapshot::decode(&file, Limits::LOOSE).unwrap();
+    assert_eq!(snap.header.segments[0].kind, snapshot::SegKind::Base);
+    let text = engine.detokenize(
+        &snap
+            .token_ids
+            .iter()
+            .map(|&t| llama_cpp_2::token::LlamaToken(t))
+            .collect::<Vec<_>>(),
+    );
+    assert!(text.contains("You are Ada"), "{text}");
+    assert!(!text.contains("HUD:"), "HUD accumulated in the KV: {text}");
+    assert!(
+        text.contains("Turn 30") && !text.contains("Turn 1:"),
+        "tail should hold only recent turns"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn corrupt_snapshots_are_quarantined_and_the_turn_runs_cold(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({}));
+    let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w1");
+    let path = dir
+        .path()
+        .join(format!("{}.llkv", snapshot::scope_key("u1", ch, "s")));
+    one_turn(&deps, "s", "u1", ch, "hello").await;
+    let good = std::fs::read(&path).unwrap();
+    let header_len = good.windows(2).position(|w| w == b"\n\n").unwrap() + 2;
+    let damage: Vec<(&str, Vec<u8>)> = vec![
+        ("flipped payload byte", {
+            let mut b = good.clone();
+            let n = b.len() - 10;
+            b[n] ^= 0x40;
+            b
+        }),
+        ("flipped header byte", {
+            let mut b = good.clone();
+            b[20] ^= 0x01;
+            b
+        }),
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("truncated in header", good[..header_len - 5].to_vec()),
+        ("zero length", Vec::new()),
+        (
+            "random garbage",
+            (0..4096u32)
+                .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+                .collect(),
+        ),
+    ];
+    for (what, bytes) in damage {
+        std::fs::write(&path, &bytes).unwrap();
+        let before = files_with_ext(dir.path(), ".bad").len();
+        let (_, log) = one_turn(&deps, "s", "u1", ch, &format!("after {what}")).await;
+        assert_eq!(log.status, "OK", "{what}: {:?}", log.error);
+        assert!(log.cold && !log.loaded, "{what}: expected a cold start");
+        assert!(
+            log.cold_reason.as_deref().unwrap_or("").contains("corrupt"),
+            "{what}: {:?}",
+            log.cold_reason
+        );
+        assert_eq!(
+            files_with_ext(dir.path(), ".bad").len(),
+            before + 1,
+            "{what}: not quarantined"
+        );
+        // The next turn is warm again from the fresh snapshot.
+        let (_, log) = one_turn(&deps, "s", "u1", ch, "and again").await;
+        assert!(
+            log.loaded && !log.cold,
+            "{what}: no warm turn after recovery"
+        );
+    }
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM events WHERE kind = 'snapshot_quarantined'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(events, 6);
+}
+
+#[sqlx::test(migrations = false)]
+async fn another_model_means_one_cold_start_then_warm(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({}));
+    let a = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w1");
+    one_turn(&a, "s", "u1", ch, "one").await;
+    let (_, log) = one_turn(&a, "s", "u1", ch, "two").await;
+    assert!(log.loaded);
+    drop(a);
+    let b = llama_deps(&pool, s.clone(), load_engine(&tiny_model_alt(), &s), "w2");
+    let (_, log) = one_turn(&b, "s", "u1", ch, "three").await;
+    assert!(log.cold && !log.loaded);
+    assert!(log.cold_reason.unwrap().contains("model_sha"));
+    let (_, log) = one_turn(&b, "s", "u1", ch, "four").await;
+    assert!(log.loaded && !log.cold);
+    assert!(
+        files_with_ext(dir.path(), ".bad").is_empty(),
+        "a foreign model's snapshot is valid, not corrupt"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn cold_start_rereads_the_dialogue(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({ "kv_only_enabled": false }));
+    let deps = llama_deps(
+        &pool,
+        s,
+        load_engine(
+            &tiny_model(),
+            &scene_settings(dir.path(), serde_json::json!({})),
+        ),
+        "w1",
+    );
+    for t in 1..=4 {
+        let (_, log) = one_turn(&deps, "s", "u1", ch, &format!("message {t}")).await;
+        assert!(log.cold && !log.loaded, "rollback path must always be cold");
+        assert_eq!(log.tokens_in_kv, 0);
+    }
+    assert!(
+        std::fs::read_dir(dir.path())
+            .map(|d| d.count())
+            .unwrap_or(0)
+            == 0,
+        "rollback path wrote a snapshot"
+    );
+    let path: String = sqlx::query_scalar("SELECT path FROM turn_log ORDER BY id DESC LIMIT 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(path, "rollback");
+    // Cold turns re-read history: the prefill grows with the dialogue.
+    let prefill: Vec<i32> = sqlx::query_scalar("SELECT tokens_loaded FROM turn_log ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert!(prefill.iter().all(|&p| p == 0));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_message_that_cannot_fit_fails_and_the_session_continues(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(
+        dir.path(),
+        serde_json::json!({ "n_ctx": 256, "kv_tail_tokens": 128 }),
+    );
+    let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w1");
+    let huge = "word ".repeat(600);
+    let big = kvmem::queue::enqueue(&pool, "s", "u1", ch, &huge, None)
+        .await
+        .unwrap();
+    let next = kvmem::queue::enqueue(&pool, "s", "u1", ch, "a short one", None)
+        .await
+        .unwrap();
+    let outcomes = drain(&deps).await;
+    assert_eq!(outcomes, vec![Outcome::Failed(big), Outcome::Done(next)]);
+    let (state, error): (String, String) =
+        sqlx::query_as("SELECT state::text, error FROM turns WHERE id = $1")
+            .bind(big.0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "failed");
+    assert!(
+        error.contains("does not fit the context") && error.contains("N_CTX 256"),
+        "{error}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_unwritable_snapshot_dir_skips_the_save_and_the_turn_completes(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    // A file where the directory should be: every save fails.
+    let blocked = dir.path().join("kv");
+    std::fs::write(&blocked, b"not a directory").unwrap();
+    let s = scene_settings(&blocked, serde_json::json!({}));
+    let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w1");
+    for msg in ["one", "two"] {
+        let (_, log) = one_turn(&deps, "s", "u1", ch, msg).await;
+        assert_eq!(log.status, "OK");
+        assert!(log.cold, "without a saved snapshot every turn is cold");
+    }
+}
