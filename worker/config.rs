@@ -103,7 +103,12 @@ pub enum ConfigError {
 impl Settings {
     /// Loads the layers from `dir` (normally `config/`) and the process environment.
     pub fn load_from(dir: &Path) -> Result<Settings, ConfigError> {
-        let env_name = std::env::var("KVMEM_ENV").unwrap_or_else(|_| "local".into());
+        Self::load_env_from(dir, "local")
+    }
+
+    /// Like [`Settings::load_from`], with `default_env` when `KVMEM_ENV` is unset.
+    pub fn load_env_from(dir: &Path, default_env: &str) -> Result<Settings, ConfigError> {
+        let env_name = std::env::var("KVMEM_ENV").unwrap_or_else(|_| default_env.into());
         let figment = Figment::new()
             .merge(Toml::file(dir.join("default.toml")))
             .merge(Toml::file(dir.join(format!("{env_name}.toml"))))
@@ -113,12 +118,12 @@ impl Settings {
     }
 
     /// Loads from `KVMEM_CONFIG_DIR`, else `./config`, else the copy built into the binary.
-    pub fn load() -> Result<Settings, ConfigError> {
+    pub fn load(default_env: &str) -> Result<Settings, ConfigError> {
         let dir = std::env::var_os("KVMEM_CONFIG_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("config"));
         if dir.join("default.toml").exists() {
-            return Self::load_from(&dir);
+            return Self::load_env_from(&dir, default_env);
         }
         let figment = Figment::new()
             .merge(Toml::string(include_str!("../config/default.toml")))

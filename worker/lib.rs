@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod db;
+pub mod demo;
 pub mod digest;
 pub mod engine;
 pub mod generator;

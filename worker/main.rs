@@ -61,6 +61,9 @@ enum Command {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
+    /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
+    /// real queue and worker, then a summary table. Uses config/demo.toml.
+    Demo,
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -72,12 +75,14 @@ enum Command {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let settings = Settings::load().context("loading configuration")?;
+    let default_env = if matches!(cli.command, Command::Demo) { "demo" } else { "local" };
+    let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
-    let url = settings.database_url()?.to_string();
+    let url = || settings.database_url().map(str::to_string);
     match cli.command {
+        Command::Demo => kvmem::demo::run(settings.clone()).await?,
         Command::Migrate => {
-            let pool = db::connect(&url, 2).await?;
+            let pool = db::connect(&url()?, 2).await?;
             db::migrate(&pool).await?;
             println!("migrated");
         }
@@ -86,7 +91,7 @@ async fn main() -> Result<()> {
             concurrency,
             echo_delay_ms,
         } => {
-            let mut settings = settings;
+            let mut settings = settings.clone();
             if let Some(c) = concurrency {
                 settings.concurrency = c;
             }
@@ -99,7 +104,7 @@ async fn main() -> Result<()> {
             message,
             idempotency_key,
         } => {
-            let pool = db::connect(&url, 1).await?;
+            let pool = db::connect(&url()?, 1).await?;
             let id = queue::enqueue(
                 &pool,
                 &session,
@@ -113,7 +118,7 @@ async fn main() -> Result<()> {
             println!("{id}");
         }
         Command::Status { watch } => {
-            let pool = db::connect(&url, 1).await?;
+            let pool = db::connect(&url()?, 1).await?;
             loop {
                 let text = status::report(&pool).await?;
                 if watch.is_some() {

@@ -11,6 +11,7 @@ pub fn init(settings: &Settings) {
         .unwrap_or_else(|_| EnvFilter::new(format!("{},llama_cpp_2=warn", settings.log_level)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match settings.log_format {
         LogFormat::Json => builder.json().try_init(),
