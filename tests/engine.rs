@@ -193,6 +193,52 @@ fn prune_keeps_the_base_prefix_and_whole_segments() {
 }
 
 #[test]
+fn prune_keeps_the_newest_digest_while_turns_can_go() {
+    let settings = settings(serde_json::json!({ "n_ctx": 1024 }));
+    let engine = load_engine(&tiny_model(), &settings);
+    let mut ctx = engine.new_context().unwrap();
+    let mut s = KvSession::empty(&engine, &mut ctx);
+    let base = engine.base_tokens("You are Ada.");
+    s.append(&base, Some(SegKind::Base)).unwrap();
+    let turn = |i: usize| {
+        engine.block(
+            &engine.frame.exchange,
+            &[&format!("question {i}"), &format!("answer {i}")],
+        )
+    };
+    s.append(&turn(0), Some(SegKind::Turn)).unwrap();
+    s.append(
+        &engine.block(&engine.frame.system, &["World state: old"]),
+        Some(SegKind::Digest),
+    )
+    .unwrap();
+    s.append(&turn(1), Some(SegKind::Turn)).unwrap();
+    s.append(
+        &engine.block(&engine.frame.system, &["World state: new"]),
+        Some(SegKind::Digest),
+    )
+    .unwrap();
+    for i in 2..8 {
+        s.append(&turn(i), Some(SegKind::Turn)).unwrap();
+    }
+    s.prune_to(s.len() - 20).unwrap();
+    let text = engine.detokenize(s.tokens());
+    assert!(text.contains("World state: new"), "{text}");
+    assert!(
+        !text.contains("World state: old") && !text.contains("answer 0"),
+        "{text}"
+    );
+    assert!(text.starts_with(&engine.detokenize(&base)));
+    assert_eq!(
+        s.segments()
+            .iter()
+            .filter(|x| x.kind == SegKind::Digest)
+            .count(),
+        1
+    );
+}
+
+#[test]
 fn a_file_that_is_not_a_model_is_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("fake.gguf");

@@ -57,7 +57,10 @@ impl DemoPg {
             .output()
             .context("running ops/pg start")?;
         if !out.status.success() {
-            bail!("ops/pg start failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "ops/pg start failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let text = String::from_utf8_lossy(&out.stdout);
         let url = text
@@ -89,7 +92,10 @@ fn model_path(settings: &Settings) -> Result<PathBuf> {
         .output()
         .context("running ops/fetch-model")?;
     if !out.status.success() {
-        bail!("ops/fetch-model failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "ops/fetch-model failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(PathBuf::from(text.lines().last().unwrap_or("").trim()))
@@ -113,8 +119,14 @@ pub async fn run(settings: Settings) -> Result<()> {
     let model = model_path(&settings)?;
     let params = EngineParams::from_settings(&settings);
     let pinned = settings.model_sha.clone();
-    let engine = tokio::task::spawn_blocking(move || Engine::load(&model, pinned.as_deref(), params)).await??;
-    eprintln!("demo: model {} (sha256 {})", engine.model_path.display(), &engine.model_sha[..12]);
+    let engine =
+        tokio::task::spawn_blocking(move || Engine::load(&model, pinned.as_deref(), params))
+            .await??;
+    eprintln!(
+        "demo: model {} (sha256 {})",
+        engine.model_path.display(),
+        &engine.model_sha[..12]
+    );
     let pipeline = TurnPipeline::new(Arc::new(engine), settings.clone())?;
     let deps = Deps {
         pool: pool.clone(),
@@ -143,9 +155,11 @@ fn tempfile_dir() -> Result<PathBuf> {
 async fn scene(pool: &PgPool) -> Result<String> {
     let sid = format!("demo_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
     let user = "demo_user";
-    let eq: i64 = sqlx::query_scalar("INSERT INTO equipment (equipment_name) VALUES ('Plasma Rifle') RETURNING id")
-        .fetch_one(pool)
-        .await?;
+    let eq: i64 = sqlx::query_scalar(
+        "INSERT INTO equipment (equipment_name) VALUES ('Plasma Rifle') RETURNING id",
+    )
+    .fetch_one(pool)
+    .await?;
     let ch: i64 = sqlx::query_scalar(
         "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet,
              stress_level, team_trust, mental_health, battle_focus, primary_equipment_id)
@@ -199,9 +213,18 @@ async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
             .await?;
         let state: String = row.try_get("state")?;
         match state.as_str() {
-            "done" => return Ok(row.try_get::<Option<String>, _>("reply")?.unwrap_or_default()),
-            "failed" | "dead" => bail!("turn {id} {state}: {:?}", row.try_get::<Option<String>, _>("error")?),
-            _ if std::time::Instant::now() > deadline => bail!("turn {id} did not finish in 10 minutes"),
+            "done" => {
+                return Ok(row
+                    .try_get::<Option<String>, _>("reply")?
+                    .unwrap_or_default())
+            }
+            "failed" | "dead" => bail!(
+                "turn {id} {state}: {:?}",
+                row.try_get::<Option<String>, _>("error")?
+            ),
+            _ if std::time::Instant::now() > deadline => {
+                bail!("turn {id} did not finish in 10 minutes")
+            }
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
@@ -225,7 +248,11 @@ pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
             out,
             "| T{} | {} | {} | {} | {} | {} | {} | {} |",
             i + 1,
-            if r.try_get::<bool, _>("cold")? { "cold" } else { "warm" },
+            if r.try_get::<bool, _>("cold")? {
+                "cold"
+            } else {
+                "warm"
+            },
             r.try_get::<bool, _>("digest_injected")?,
             &version[..version.len().min(12)],
             r.try_get::<i32, _>("tokens_in_kv")?,

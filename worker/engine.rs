@@ -498,22 +498,54 @@ impl<'e, 'c> KvSession<'e, 'c> {
         self.remove(start, self.len())
     }
 
-    /// Drops the oldest non-base segments, whole, until at most `max` tokens remain.
-    /// Returns how many tokens were dropped. The base prompt is never touched.
+    /// Drops the oldest segments, whole, until at most `max` tokens remain. The base prompt
+    /// is never touched, and the newest digest is kept while anything else can go, so the
+    /// world state stays in the KV instead of being re-injected. Returns tokens dropped.
     pub fn prune_to(&mut self, max: u32) -> Result<u32> {
-        let base = match self.segments.first() {
-            Some(s) if s.kind == SegKind::Base => s.len,
-            _ => 0,
-        };
-        let first = usize::from(base > 0);
-        let mut drop = 0u32;
-        let mut n = first;
-        while self.len() - drop > max && n < self.segments.len() {
-            drop += self.segments[n].len;
-            n += 1;
+        let keep_digest = self
+            .segments
+            .iter()
+            .rposition(|s| s.kind == SegKind::Digest);
+        let droppable: Vec<usize> = (0..self.segments.len())
+            .filter(|&i| self.segments[i].kind != SegKind::Base && Some(i) != keep_digest)
+            .chain(keep_digest)
+            .collect();
+        let mut over = self.len().saturating_sub(max);
+        let mut doomed = vec![false; self.segments.len()];
+        for i in droppable {
+            if over == 0 {
+                break;
+            }
+            doomed[i] = true;
+            over = over.saturating_sub(self.segments[i].len);
         }
-        self.remove(base, base + drop)?;
-        Ok(drop)
+        // Remove from the end so earlier positions stay valid; adjacent segments merge.
+        let starts: Vec<u32> = self
+            .segments
+            .iter()
+            .scan(0u32, |pos, s| {
+                let start = *pos;
+                *pos += s.len;
+                Some(start)
+            })
+            .collect();
+        let mut dropped = 0;
+        let mut i = doomed.len();
+        while i > 0 {
+            i -= 1;
+            if !doomed[i] {
+                continue;
+            }
+            let end = starts[i] + self.segments[i].len;
+            let mut j = i;
+            while j > 0 && doomed[j - 1] {
+                j -= 1;
+            }
+            self.remove(starts[j], end)?;
+            dropped += end - starts[j];
+            i = j;
+        }
+        Ok(dropped)
     }
 
     /// Serialises the sequence state for a snapshot.

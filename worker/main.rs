@@ -64,6 +64,14 @@ enum Command {
     /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
     Demo,
+    /// Build a session's digest from its facts and print its version and text.
+    Digest {
+        #[arg(long)]
+        session: String,
+        /// Also store it in state_digest (as the rebuilder would).
+        #[arg(long)]
+        store: bool,
+    },
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -75,7 +83,11 @@ enum Command {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let default_env = if matches!(cli.command, Command::Demo) { "demo" } else { "local" };
+    let default_env = if matches!(cli.command, Command::Demo) {
+        "demo"
+    } else {
+        "local"
+    };
     let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
     let url = || settings.database_url().map(str::to_string);
@@ -117,6 +129,19 @@ async fn main() -> Result<()> {
             .map_err(|e| anyhow::anyhow!("{}", db_message(&e)))?;
             println!("{id}");
         }
+        Command::Digest { session, store } => {
+            let pool = db::connect(&url()?, 1).await?;
+            let tok = token_counter(&settings)?;
+            let max = settings.digest_max_tokens as usize;
+            let built = if store {
+                kvmem::digest::rebuild(&pool, &session, max, tok.as_ref())
+                    .await?
+                    .0
+            } else {
+                kvmem::digest::build_for(&pool, &session, max, tok.as_ref()).await?
+            };
+            println!("{}\n{}", built.version, built.content);
+        }
         Command::Status { watch } => {
             let pool = db::connect(&url()?, 1).await?;
             loop {
@@ -141,6 +166,18 @@ fn db_message(e: &queue::QueueError) -> String {
         queue::QueueError::Db(sqlx::Error::Database(d)) => d.message().to_string(),
         other => other.to_string(),
     }
+}
+
+/// The model's tokenizer when a model is configured, else the word counter.
+fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::tokens::TokenCount>> {
+    Ok(match &settings.model_path {
+        Some(path) => Arc::new(Engine::load(
+            path,
+            settings.model_sha.as_deref(),
+            EngineParams::from_settings(settings),
+        )?),
+        None => Arc::new(kvmem::tokens::WordCount),
+    })
 }
 
 async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {

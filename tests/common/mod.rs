@@ -182,3 +182,34 @@ pub fn files_with_ext(dir: &std::path::Path, ext: &str) -> Vec<PathBuf> {
         })
         .unwrap_or_default()
 }
+
+/// A URL for this test's own database, for child processes.
+pub async fn db_url(pool: &PgPool) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let (head, tail) = base.rsplit_once('/').expect("a URL with a database path");
+    let query = tail
+        .split_once('?')
+        .map(|(_, q)| format!("?{q}"))
+        .unwrap_or_default();
+    format!("{head}/{name}{query}")
+}
+
+/// Inserts a fact with seed 000's SQL shape.
+pub async fn fact(pool: &PgPool, sid: &str, fact_type: &str, key: &str, value: &str) {
+    sqlx::query(
+        "INSERT INTO facts (session_id, type, key, value, status, started_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'active', NOW(), NOW())
+         ON CONFLICT (session_id, type, key) DO UPDATE SET value = EXCLUDED.value, updated_at = NOW()",
+    )
+    .bind(sid)
+    .bind(fact_type)
+    .bind(key)
+    .bind(value)
+    .execute(pool)
+    .await
+    .unwrap();
+}
