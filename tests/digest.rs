@@ -73,11 +73,11 @@ async fn seed_000_runbook_scene(pool: PgPool) {
     for _ in 5..=10 {
         let t = say(&deps).await;
         assert!(!t.cold && !t.digest_injected, "{t:?}");
-        assert!(t.tokens_in_kv <= tail as i32);
+        assert!(t.tokens_in_kv <= tail);
         last_kv = t.tokens_in_kv;
     }
     assert!(
-        last_kv > tail as i32 * 3 / 4,
+        last_kv > tail * 3 / 4,
         "tokens_in_kv should approach the tail, got {last_kv}"
     );
 
