@@ -39,8 +39,11 @@ CREATE INDEX turns_session_pending_idx ON turns (session_id, id) WHERE state IN 
 CREATE INDEX turns_session_idx ON turns (session_id, id);
 CREATE UNIQUE INDEX turns_idempotency_key ON turns (idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- One small row per session: heartbeats update it instead of the wide turn row.
--- fencing_token only ever grows, so a worker holding an old token can be told apart.
+-- One small row per session: the session's place in the queue and its lease.
+-- head_* name the session's next turn (the oldest queued one), so a claim is an index
+-- walk over ready sessions instead of a scan of every queued turn. Heartbeats update this
+-- row instead of the wide turn row. fencing_token only ever grows, so a worker holding an
+-- old token can be told apart.
 CREATE TABLE session_locks (
     session_id    text        PRIMARY KEY,
     turn_id       bigint,
@@ -48,9 +51,15 @@ CREATE TABLE session_locks (
     fencing_token bigint      NOT NULL DEFAULT 0,
     acquired_at   timestamptz,
     heartbeat_at  timestamptz,
-    expires_at    timestamptz NOT NULL DEFAULT now()
+    expires_at    timestamptz NOT NULL DEFAULT now(),
+    head_turn_id  bigint,
+    head_run_at   timestamptz,
+    head_lane     text
 );
 CREATE INDEX session_locks_held_idx ON session_locks (expires_at) WHERE turn_id IS NOT NULL;
+-- Sessions with a head turn and no lease: what a claim looks at.
+CREATE INDEX session_locks_ready_idx ON session_locks (head_turn_id)
+    WHERE head_turn_id IS NOT NULL AND turn_id IS NULL;
 
 -- One row per attempt, with every field of seed 000's one-line log.
 CREATE TABLE turn_log (

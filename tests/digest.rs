@@ -17,6 +17,16 @@ use tokio_util::sync::CancellationToken;
 
 #[sqlx::test(migrations = false)]
 async fn seed_000_runbook_scene(pool: PgPool) {
+    runbook(pool, tiny_model(), tiny_model_alt()).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn seed_000_runbook_scene_on_smollm2(pool: PgPool) {
+    // The model change goes to the tiny model: another file, another MODEL_SHA.
+    runbook(pool, smollm2(), tiny_model()).await;
+}
+
+async fn runbook(pool: PgPool, model: std::path::PathBuf, other_model: std::path::PathBuf) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let sid = "session_123";
@@ -41,7 +51,7 @@ async fn seed_000_runbook_scene(pool: PgPool) {
     let s = settings(serde_json::json!({
         "kv_dir": dir.path(), "n_ctx": 1024, "kv_tail_tokens": tail, "reply_max_tokens": 24,
     }));
-    let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w1");
+    let deps = llama_deps(&pool, s.clone(), load_engine(&model, &s), "w1");
     let mut turn = 0;
     let mut say = async |deps: &kvmem::worker::Deps| {
         turn += 1;
@@ -83,13 +93,13 @@ async fn seed_000_runbook_scene(pool: PgPool) {
 
     // Restart mid-scene: a new worker (new engine, new pipeline) resumes warm.
     drop(deps);
-    let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w2");
+    let deps = llama_deps(&pool, s.clone(), load_engine(&model, &s), "w2");
     let t = say(&deps).await;
     assert!(t.loaded && !t.cold, "after restart {t:?}");
 
     // Another model file: exactly one cold start with injection, then warm again.
     drop(deps);
-    let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model_alt(), &s), "w3");
+    let deps = llama_deps(&pool, s.clone(), load_engine(&other_model, &s), "w3");
     let t = say(&deps).await;
     assert!(t.cold && t.digest_injected, "model change {t:?}");
     let t = say(&deps).await;

@@ -77,31 +77,46 @@ pub async fn claim(
     lease_ms: u64,
     lanes: &[String],
 ) -> Result<Option<ClaimedTurn>> {
-    let row = sqlx::query(include_str!("../sql/queue/claim.sql"))
+    Ok(claim_batch(pool, owner, lease_ms, lanes, 1).await?.pop())
+}
+
+/// Claims up to `max` runnable turns, each from a different session, in one statement.
+pub async fn claim_batch(
+    pool: &PgPool,
+    owner: &str,
+    lease_ms: u64,
+    lanes: &[String],
+    max: u32,
+) -> Result<Vec<ClaimedTurn>> {
+    let rows = sqlx::query(include_str!("../sql/queue/claim.sql"))
         .bind(owner)
         .bind(lease_ms as f64)
         .bind(lanes)
-        .fetch_optional(pool)
+        .bind(max as i64)
+        .fetch_all(pool)
         .await;
-    let row = match row {
-        Ok(row) => row,
-        // Two claims racing for one session: the unique index refused the second. Not an error.
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(None),
+    let rows = match rows {
+        Ok(rows) => rows,
+        // The unique index refused a second running turn in a session: nothing claimed.
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Vec::new()),
         Err(e) => return Err(e.into()),
     };
-    let Some(row) = row else { return Ok(None) };
-    Ok(Some(ClaimedTurn {
-        id: TurnId(row.try_get("id")?),
-        session_id: row.try_get("session_id")?,
-        user_id: row.try_get("user_id")?,
-        character_id: row.try_get("character_id")?,
-        message: row.try_get("message")?,
-        lane: row.try_get("lane")?,
-        attempt: row.try_get("attempts")?,
-        max_attempts: row.try_get("max_attempts")?,
-        fencing_token: row.try_get("fencing_token")?,
-        owner: owner.to_string(),
-    }))
+    rows.into_iter()
+        .map(|row| {
+            Ok(ClaimedTurn {
+                id: TurnId(row.try_get("id")?),
+                session_id: row.try_get("session_id")?,
+                user_id: row.try_get("user_id")?,
+                character_id: row.try_get("character_id")?,
+                message: row.try_get("message")?,
+                lane: row.try_get("lane")?,
+                attempt: row.try_get("attempts")?,
+                max_attempts: row.try_get("max_attempts")?,
+                fencing_token: row.try_get("fencing_token")?,
+                owner: owner.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Extends the lease. `Ok(false)` means it was lost.
@@ -193,13 +208,15 @@ pub async fn fail(
 
 /// Gives a claimed turn back without counting the attempt (graceful shutdown).
 pub async fn release(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
+    // Scope: the turn's return to the queue and the lease release, guarded by the token.
+    let mut tx = pool.begin().await?;
+    fence(&mut tx, turn).await?;
     let row = sqlx::query(include_str!("../sql/queue/release.sql"))
         .bind(turn.id.0)
-        .bind(&turn.session_id)
-        .bind(turn.fencing_token)
-        .bind(&turn.owner)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *tx)
         .await?;
+    release_lease(&mut tx, turn).await?;
+    tx.commit().await?;
     Ok(row.is_some())
 }
 
@@ -211,20 +228,38 @@ pub struct Reaped {
     pub state: TurnState,
 }
 
-/// Requeues (or kills) turns whose lease expired.
+/// Requeues (or kills) turns whose lease expired, and invalidates the old owners' tokens.
 pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
-    let rows = sqlx::query(include_str!("../sql/queue/reap.sql"))
-        .fetch_all(pool)
+    // Scope: the expired leases found here, their turns and their release, all at once.
+    let mut tx = pool.begin().await?;
+    let expired = sqlx::query(include_str!("../sql/queue/reap.sql"))
+        .fetch_all(&mut *tx)
         .await?;
-    rows.into_iter()
-        .map(|row| {
-            Ok(Reaped {
-                turn_id: TurnId(row.try_get("id")?),
-                session_id: row.try_get("session_id")?,
-                state: row.try_get("state")?,
-            })
-        })
-        .collect()
+    let mut reaped = Vec::new();
+    for lease in expired {
+        let session_id: String = lease.try_get("session_id")?;
+        let turn_id: i64 = lease.try_get("turn_id")?;
+        let token: i64 = lease.try_get("fencing_token")?;
+        let state: Option<TurnState> =
+            sqlx::query_scalar(include_str!("../sql/queue/reap_turn.sql"))
+                .bind(turn_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        sqlx::query(include_str!("../sql/queue/reap_release.sql"))
+            .bind(&session_id)
+            .bind(token)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(state) = state {
+            reaped.push(Reaped {
+                turn_id: TurnId(turn_id),
+                session_id,
+                state,
+            });
+        }
+    }
+    tx.commit().await?;
+    Ok(reaped)
 }
 
 async fn release_lease(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {

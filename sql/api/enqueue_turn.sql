@@ -89,6 +89,15 @@ BEGIN
         RETURN v_id;
     END IF;
 
+    -- The new turn becomes the session's head if the session had nothing pending.
+    INSERT INTO session_locks AS l (session_id, head_turn_id, head_run_at, head_lane)
+    VALUES (session_id, v_id, now(), 'live')
+    -- Named constraint: in this function a bare `session_id` means the parameter.
+    ON CONFLICT ON CONSTRAINT session_locks_pkey DO UPDATE
+       SET head_turn_id = COALESCE(l.head_turn_id, EXCLUDED.head_turn_id),
+           head_run_at  = COALESCE(l.head_run_at, EXCLUDED.head_run_at),
+           head_lane    = COALESCE(l.head_lane, EXCLUDED.head_lane);
+
     PERFORM pg_notify('kvmem_turns', session_id);
     RETURN v_id;
 END;

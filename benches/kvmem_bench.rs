@@ -1,0 +1,768 @@
+//! kvmem's benchmarks: warm vs cold turns, snapshot I/O phases, digest rebuild latency,
+//! queue throughput (side by side with graphile-worker) and growth. Ratios are measured in
+//! one run because the machine is shared and noisy. Run through `ops/bench`.
+//!
+//! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [queue] [growth]`
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use kvmem::config::Settings;
+use kvmem::engine::{Engine, EngineParams, KvSession};
+use kvmem::generator::Generator;
+use kvmem::pipeline::TurnPipeline;
+use kvmem::snapshot::{self, Limits, SegKind, SnapshotStore};
+use kvmem::worker::{self, Deps, Outcome};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+struct Env {
+    base_url: String,
+    smollm2: PathBuf,
+    results: PathBuf,
+    quick: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let quick = std::env::args().any(|a| a == "--quick");
+    let all = ["warm-cold", "snapshot-io", "digest", "queue", "growth"];
+    let suites: Vec<&str> = if args.is_empty() {
+        all.to_vec()
+    } else {
+        args.iter().map(String::as_str).collect()
+    };
+    llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+    let env = Env {
+        base_url: std::env::var("DATABASE_URL").context("DATABASE_URL (ops/bench sets it)")?,
+        smollm2: PathBuf::from(
+            std::env::var("KVMEM_BENCH_MODEL").context("KVMEM_BENCH_MODEL (ops/bench sets it)")?,
+        ),
+        results: PathBuf::from(
+            std::env::var("KVMEM_BENCH_OUT").unwrap_or_else(|_| "ops/bench-results".into()),
+        ),
+        quick,
+    };
+    std::fs::create_dir_all(&env.results)?;
+    println!("# kvmem benchmarks\n\n{}\n", machine());
+    for suite in suites {
+        let started = Instant::now();
+        let value = match suite {
+            "warm-cold" => warm_cold(&env).await?,
+            "snapshot-io" => snapshot_io(&env)?,
+            "digest" => digest_latency(&env).await?,
+            "queue" => queue(&env).await?,
+            "growth" => growth(&env).await?,
+            other => anyhow::bail!("unknown suite {other}; suites: {all:?}"),
+        };
+        let path = env.results.join(format!("{suite}.json"));
+        std::fs::write(&path, serde_json::to_string_pretty(&value)?)?;
+        println!(
+            "_{suite}: {:.0} s, results in {}_\n",
+            started.elapsed().as_secs_f64(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "machine: {cores} cores, {cpu}; llama.cpp {}",
+        kvmem::engine::LLAMA_BUILD
+    )
+}
+
+/// A fresh, migrated database for one suite.
+async fn fresh_db(env: &Env, name: &str) -> Result<(PgPool, String)> {
+    let mut admin = sqlx::PgConnection::connect(&env.base_url).await?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await?;
+    let (head, _) = env
+        .base_url
+        .rsplit_once('/')
+        .context("DATABASE_URL has no database path")?;
+    let url = format!("{head}/{name}");
+    let pool = kvmem::db::connect(&url, 16).await?;
+    kvmem::db::migrate(&pool).await?;
+    Ok((pool, url))
+}
+
+async fn character(pool: &PgPool) -> Result<i64> {
+    Ok(sqlx::query_scalar(
+        "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet, stress_level, team_trust)
+         VALUES ('bench', 'Captain Vega', 'A calm starship captain.', 82, 100, 1250, 35, 70) RETURNING id",
+    )
+    .fetch_one(pool)
+    .await?)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return 0.0;
+    }
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn stats(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    json!({ "median": median(&mut s), "min": s.first().copied().unwrap_or(0.0), "max": s.last().copied().unwrap_or(0.0), "n": s.len() })
+}
+
+/// Deterministic filler dialogue: varied words so the tokenizer sees realistic text.
+fn filler(i: usize) -> (String, String) {
+    const WORDS: [&str; 24] = [
+        "convoy", "canyon", "engine", "shields", "guild", "credits", "orbit", "signal", "outpost",
+        "pilot", "storm", "cargo", "reactor", "patrol", "beacon", "station", "harbor", "ridge",
+        "relay", "scanner", "supply", "route", "drift", "anchor",
+    ];
+    let w = |k: usize| WORDS[(i * 7 + k * 5) % WORDS.len()];
+    (
+        format!("Turn {i}: what about the {} near the {} and the {}?", w(1), w(2), w(3)),
+        format!(
+            "The {} is steady. We keep the {} close to the {} and watch the {} until the {} clears.",
+            w(4),
+            w(5),
+            w(6),
+            w(7),
+            w(8)
+        ),
+    )
+}
+
+/// Inserts done turns with messages until the dialogue is about `tokens` tokens long.
+async fn seed_history(
+    pool: &PgPool,
+    engine: &Engine,
+    sid: &str,
+    ch: i64,
+    tokens: usize,
+) -> Result<usize> {
+    let mut total = 0;
+    let mut i = 0;
+    while total < tokens {
+        let (u, a) = filler(i);
+        total += engine.block(&engine.frame.exchange, &[&u, &a]).len();
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO turns (session_id, user_id, character_id, message, state, reply, finished_at)
+             VALUES ($1, 'bench', $2, $3, 'done', $4, now()) RETURNING id",
+        )
+        .bind(sid)
+        .bind(ch)
+        .bind(&u)
+        .bind(&a)
+        .fetch_one(pool)
+        .await?;
+        sqlx::query("INSERT INTO messages (session_id, turn_id, role, content) VALUES ($1, $2, 'user', $3), ($1, $2, 'assistant', $4)")
+            .bind(sid)
+            .bind(id)
+            .bind(&u)
+            .bind(&a)
+            .execute(pool)
+            .await?;
+        i += 1;
+    }
+    Ok(total)
+}
+
+fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>) -> Result<Deps> {
+    let settings = Arc::new(settings);
+    let pipeline = TurnPipeline::new(engine, settings.clone())?;
+    Ok(Deps {
+        pool: pool.clone(),
+        settings,
+        generator: Generator::Llama(Arc::new(pipeline)),
+        worker_id: "bench".into(),
+    })
+}
+
+/// Runs one turn through the queue; returns (ttft_ms, latency_ms, cold, tokens_loaded).
+async fn timed_turn(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<(f64, f64, bool, i32)> {
+    let id = kvmem::queue::enqueue(&deps.pool, sid, "bench", ch, msg, None).await?;
+    let never = CancellationToken::new();
+    loop {
+        match worker::process_next_turn(deps, &never).await? {
+            Outcome::Done(t) if t == id => break,
+            Outcome::Empty => anyhow::bail!("turn {id} not runnable"),
+            other if other == Outcome::Failed(id) => anyhow::bail!("turn {id} failed"),
+            _ => {}
+        }
+    }
+    let (ttft, lat, cold, loaded): (i32, i32, bool, i32) = sqlx::query_as(
+        "SELECT ttft_ms, latency_ms, cold, tokens_loaded FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(id.0)
+    .fetch_one(&deps.pool)
+    .await?;
+    Ok((ttft as f64, lat as f64, cold, loaded))
+}
+
+async fn warm_cold(env: &Env) -> Result<Value> {
+    let sizes: &[usize] = if env.quick {
+        &[500]
+    } else {
+        &[500, 1000, 2000]
+    };
+    let (warm_n, cold_n) = if env.quick { (3, 1) } else { (5, 2) };
+    let kv_dir = tempdir("warm-cold")?;
+    let base = Settings::defaults().with(json!({
+        "kv_dir": kv_dir, "n_ctx": 4096, "kv_tail_tokens": 3000, "reply_max_tokens": 32, "log_level": "warn",
+    }))?;
+    let engine = Arc::new(Engine::load(
+        &env.smollm2,
+        None,
+        EngineParams::from_settings(&base),
+    )?);
+    let (pool, _) = fresh_db(env, "kvmem_bench_warm_cold").await?;
+    let ch = character(&pool).await?;
+    let warm_deps = llama_deps(&pool, base.clone(), engine.clone())?;
+    let rollback_deps = llama_deps(
+        &pool,
+        base.with(json!({"kv_only_enabled": false}))?,
+        engine.clone(),
+    )?;
+    let store = SnapshotStore::new(&kv_dir, Limits::LOOSE);
+    let mut rows = Vec::new();
+    println!("## Warm vs cold (SmolLM2-135M Q4_1, f16 KV, reply ≤ 32 tokens)\n");
+    println!("| history tokens | mode | ttft ms (median) | ttft ratio to warm | turn ms (median) | turn ratio to warm | n |");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    for &size in sizes {
+        let sid = format!("wc{size}");
+        let history = seed_history(&pool, &engine, &sid, ch, size).await?;
+        let scope = snapshot::scope_key("bench", ch, &sid);
+        let mut modes: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for i in 0..cold_n {
+            let (t, l, cold, _) =
+                timed_turn(&rollback_deps, &sid, ch, &format!("Rollback question {i}?")).await?;
+            assert!(cold);
+            let e = modes.entry("rollback (KV_ONLY_ENABLED=false)").or_default();
+            e.0.push(t);
+            e.1.push(l);
+        }
+        // The first kv_only turn finds no snapshot (rollback turns write none): it is cold.
+        let (t, l, cold, _) = timed_turn(&warm_deps, &sid, ch, "Status report?").await?;
+        assert!(cold);
+        let e = modes.entry("cold (lost snapshot)").or_default();
+        e.0.push(t);
+        e.1.push(l);
+        for i in 0..warm_n {
+            let (t, l, cold, loaded) =
+                timed_turn(&warm_deps, &sid, ch, &format!("Warm question {i}?")).await?;
+            assert!(!cold && loaded as usize >= history);
+            let e = modes.entry("warm (snapshot)").or_default();
+            e.0.push(t);
+            e.1.push(l);
+        }
+        for i in 1..cold_n {
+            store.remove(&scope)?;
+            let (t, l, cold, _) =
+                timed_turn(&warm_deps, &sid, ch, &format!("After loss {i}?")).await?;
+            assert!(cold);
+            let e = modes.entry("cold (lost snapshot)").or_default();
+            e.0.push(t);
+            e.1.push(l);
+        }
+        let mut warm = modes["warm (snapshot)"].clone();
+        let (wt, wl) = (median(&mut warm.0), median(&mut warm.1));
+        for (mode, (mut t, mut l)) in modes {
+            let (mt, ml) = (median(&mut t), median(&mut l));
+            println!(
+                "| {history} | {mode} | {mt:.0} | {:.1}× | {ml:.0} | {:.1}× | {} |",
+                mt / wt,
+                ml / wl,
+                t.len()
+            );
+            rows.push(json!({"history_tokens": history, "mode": mode, "ttft_ms": stats(&t), "turn_ms": stats(&l),
+                "ttft_ratio_to_warm": mt / wt, "turn_ratio_to_warm": ml / wl}));
+        }
+    }
+    println!();
+    Ok(json!({"suite": "warm-cold", "model": env.smollm2, "rows": rows}))
+}
+
+fn tempdir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kvmem-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn snapshot_io(env: &Env) -> Result<Value> {
+    let reps = if env.quick { 2 } else { 5 };
+    let dir = tempdir("snapshot-io")?;
+    let mut rows = Vec::new();
+    println!("## Snapshot I/O at 2000 tokens (SmolLM2, median of {reps}, ms)\n");
+    println!("| KV type | zstd | raw bytes | stored bytes | ratio | bpt | get-state | compress | crc | write+fsync+rename | read | crc | decompress | restore | save total | load total | memcpy |");
+    println!(
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for kv in ["f16", "q8_0"] {
+        let s = Settings::defaults().with(json!({"n_ctx": 4096, "kv_type": kv}))?;
+        let engine = Engine::load(&env.smollm2, None, EngineParams::from_settings(&s))?;
+        let mut ctx = engine.new_context()?;
+        let mut session = KvSession::empty(&engine, &mut ctx);
+        session.append(
+            &engine.base_tokens("You are Captain Vega."),
+            Some(SegKind::Base),
+        )?;
+        let mut i = 0;
+        while session.len() < 2000 {
+            let (u, a) = filler(i);
+            let t = engine.block(&engine.frame.exchange, &[&u, &a]);
+            let room = 2000 - session.len() as usize;
+            session.append(&t[..t.len().min(room)], Some(SegKind::Turn))?;
+            i += 1;
+        }
+        let ids = session.token_ids();
+        let segs = session.segments().to_vec();
+        for compress in [true, false] {
+            let mut p: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+            let (mut raw, mut stored) = (0, 0);
+            for _ in 0..reps {
+                let t = Instant::now();
+                let state = session.export_state();
+                p.entry("get").or_default().push(ms(t.elapsed()));
+                let t = Instant::now();
+                let payload = if compress {
+                    zstd::bulk::compress(&state, 1)?
+                } else {
+                    state.clone()
+                };
+                p.entry("compress")
+                    .or_default()
+                    .push(if compress { ms(t.elapsed()) } else { 0.0 });
+                let t = Instant::now();
+                let crc = crc32c::crc32c(&payload);
+                p.entry("crc").or_default().push(ms(t.elapsed()));
+                let mut h = header(kv, compress);
+                h.segments = segs.clone();
+                let file = snapshot::encode(&mut h, &ids, &state)?;
+                let store = SnapshotStore::new(&dir, Limits::LOOSE);
+                let t = Instant::now();
+                store.save("io", &file)?;
+                p.entry("write").or_default().push(ms(t.elapsed()));
+                let t = Instant::now();
+                let bytes = std::fs::read(store.path("io"))?;
+                p.entry("read").or_default().push(ms(t.elapsed()));
+                let t = Instant::now();
+                let again = crc32c::crc32c(&payload);
+                assert_eq!(again, crc);
+                p.entry("crc_load").or_default().push(ms(t.elapsed()));
+                let t = Instant::now();
+                let restored = if compress {
+                    zstd::bulk::decompress(&payload, state.len())?
+                } else {
+                    payload.clone()
+                };
+                p.entry("decompress").or_default().push(if compress {
+                    ms(t.elapsed())
+                } else {
+                    0.0
+                });
+                let mut ctx2 = engine.new_context()?;
+                let t = Instant::now();
+                KvSession::restore(&engine, &mut ctx2, &restored, &ids, &segs)?;
+                p.entry("restore").or_default().push(ms(t.elapsed()));
+                let t = Instant::now();
+                let copy = state.clone();
+                p.entry("memcpy").or_default().push(ms(t.elapsed()));
+                std::hint::black_box(&copy);
+                raw = state.len();
+                stored = payload.len();
+                drop(bytes);
+            }
+            let m = |k: &str| median(&mut p[k].clone());
+            let save = m("get") + m("compress") + m("crc") + m("write");
+            let load = m("read") + m("crc_load") + m("decompress") + m("restore");
+            println!(
+                "| {kv} | {} | {raw} | {stored} | {:.3} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {save:.1} | {load:.1} | {:.1} |",
+                if compress { "on" } else { "off" },
+                stored as f64 / raw as f64,
+                raw / ids.len(),
+                m("get"), m("compress"), m("crc"), m("write"), m("read"), m("crc_load"), m("decompress"), m("restore"), m("memcpy")
+            );
+            let phases: BTreeMap<&str, Value> = p.iter().map(|(k, v)| (*k, stats(v))).collect();
+            rows.push(json!({"kv_type": kv, "compress": compress, "raw_bytes": raw, "stored_bytes": stored,
+                "ratio": stored as f64 / raw as f64, "bpt": raw / ids.len(), "tokens": ids.len(), "phases_ms": phases,
+                "save_total_ms": save, "load_total_ms": load}));
+        }
+    }
+    println!();
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(json!({"suite": "snapshot-io", "rows": rows}))
+}
+
+fn header(kv: &str, compress: bool) -> snapshot::Header {
+    snapshot::Header {
+        format_version: snapshot::FORMAT_VERSION,
+        model_sha: String::new(),
+        digest_version: String::new(),
+        crc32c: 0,
+        tokens: 0,
+        bytes: 0,
+        stored_bytes: 0,
+        timestamp: 0,
+        llama_build: kvmem::engine::LLAMA_BUILD.into(),
+        n_ctx: 4096,
+        type_k: kv.into(),
+        type_v: kv.into(),
+        compression: if compress {
+            snapshot::Compression::Zstd
+        } else {
+            snapshot::Compression::None
+        },
+        scope: "io".into(),
+        turn_id: 0,
+        segments: Vec::new(),
+    }
+}
+
+async fn digest_latency(env: &Env) -> Result<Value> {
+    let n = if env.quick { 200 } else { 1000 };
+    let (pool, _) = fresh_db(env, "kvmem_bench_digest").await?;
+    let shutdown = CancellationToken::new();
+    let tok: Arc<dyn kvmem::tokens::TokenCount> = Arc::new(Engine::load(
+        &env.smollm2,
+        None,
+        EngineParams::from_settings(&Settings::defaults()),
+    )?);
+    // A 60 s poll: every rebuild measured here comes through NOTIFY.
+    let task = tokio::spawn(kvmem::digest::run_rebuilder(
+        pool.clone(),
+        tok,
+        180,
+        Duration::from_secs(60),
+        shutdown.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let sid = format!("d{}", i % 10);
+        let written: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+            "INSERT INTO facts (session_id, type, key, value) VALUES ($1, 'quest', 'q', $2)
+             ON CONFLICT (session_id, type, key) DO UPDATE SET value = EXCLUDED.value, updated_at = clock_timestamp()
+             RETURNING updated_at",
+        )
+        .bind(&sid)
+        .bind(format!("Quest step {i}"))
+        .fetch_one(&pool)
+        .await?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let at: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+                "SELECT updated_at FROM state_digest WHERE session_id = $1 AND digest_content = $2",
+            )
+            .bind(&sid)
+            .bind(format!("Quest: Quest step {i}"))
+            .fetch_optional(&pool)
+            .await?;
+            if let Some(at) = at {
+                lat.push((at - written).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "rebuild {i} never arrived");
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+    }
+    shutdown.cancel();
+    let _ = task.await;
+    let (p50, p99) = (pct(&mut lat.clone(), 0.5), pct(&mut lat.clone(), 0.99));
+    println!("## Digest rebuild latency (fact write → new state_digest row, via NOTIFY)\n");
+    println!("| writes | p50 ms | p99 ms | max ms |\n|---:|---:|---:|---:|");
+    println!(
+        "| {n} | {p50:.2} | {p99:.2} | {:.2} |\n",
+        pct(&mut lat.clone(), 1.0)
+    );
+    Ok(
+        json!({"suite": "digest", "writes": n, "p50_ms": p50, "p99_ms": p99, "samples_ms": stats(&lat)}),
+    )
+}
+
+/// Enqueues sessions × turns through the SQL API, then runs an echo worker until done.
+async fn echo_run(
+    pool: &PgPool,
+    sessions: usize,
+    turns: usize,
+    concurrency: u32,
+    prefix: &str,
+) -> Result<Value> {
+    let ch = character(pool).await?;
+    let t = Instant::now();
+    // One statement per turn, exactly the backend's call; turns interleave across sessions.
+    sqlx::query(
+        "SELECT kvmem_enqueue_turn($1 || s, 'bench', $2, 'turn ' || t)
+           FROM generate_series(1, $4) t, generate_series(1, $3) s ORDER BY t, s",
+    )
+    .bind(prefix)
+    .bind(ch)
+    .bind(sessions as i32)
+    .bind(turns as i32)
+    .execute(pool)
+    .await?;
+    let enqueue_s = t.elapsed().as_secs_f64();
+    let settings = Settings::defaults()
+        .with(json!({"concurrency": concurrency, "poll_ms": 50, "log_level": "warn"}))?;
+    let deps = Deps {
+        pool: pool.clone(),
+        settings: Arc::new(settings),
+        generator: Generator::Echo {
+            delay: Duration::ZERO,
+        },
+        worker_id: format!("bench-{concurrency}"),
+    };
+    let shutdown = CancellationToken::new();
+    let total = (sessions * turns) as i64;
+    let t = Instant::now();
+    let handle = tokio::spawn(worker::run(deps, shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM turns WHERE state = 'done' AND session_id LIKE $1 || '%'",
+        )
+        .bind(prefix)
+        .fetch_one(pool)
+        .await?;
+        if done >= total {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "echo run stuck at {done}/{total}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let wall = t.elapsed().as_secs_f64();
+    shutdown.cancel();
+    let _ = handle.await;
+    let (span_s, violations): (f64, i64) = sqlx::query_as(
+        "WITH l AS (SELECT sid, turn_id, started_at, finished_at,
+                      lag(turn_id) OVER w AS prev_id, lag(finished_at) OVER w AS prev_end
+                 FROM turn_log WHERE sid LIKE $1 || '%' WINDOW w AS (PARTITION BY sid ORDER BY started_at))
+         SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8,
+                count(*) FILTER (WHERE prev_id > turn_id OR prev_end > started_at)
+           FROM l",
+    )
+    .bind(prefix)
+    .fetch_one(pool)
+    .await?;
+    Ok(
+        json!({"sessions": sessions, "turns": turns, "concurrency": concurrency, "total": total,
+        "enqueue_s": enqueue_s, "run_s": span_s, "wall_s": wall, "turns_per_s": total as f64 / span_s,
+        "order_or_overlap_violations": violations}),
+    )
+}
+
+/// Enqueue-to-start latency on an idle worker: single turns, spaced, through NOTIFY.
+async fn start_latency(pool: &PgPool, n: usize) -> Result<(f64, f64)> {
+    let ch = character(pool).await?;
+    let settings = Settings::defaults()
+        .with(json!({"concurrency": 1, "poll_ms": 5000, "log_level": "warn"}))?;
+    let deps = Deps {
+        pool: pool.clone(),
+        settings: Arc::new(settings),
+        generator: Generator::Echo {
+            delay: Duration::ZERO,
+        },
+        worker_id: "lat".into(),
+    };
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(worker::run(deps, shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..n {
+        kvmem::queue::enqueue(pool, &format!("lat{i}"), "bench", ch, "ping", None).await?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    let _ = handle.await;
+    let mut lat: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 FROM turns WHERE session_id LIKE 'lat%' AND started_at IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await?;
+    anyhow::ensure!(
+        lat.len() == n,
+        "only {} of {n} latency turns ran",
+        lat.len()
+    );
+    Ok((pct(&mut lat, 0.5), pct(&mut lat, 0.99)))
+}
+
+fn graphile(url: &str, sessions: usize, jobs: usize, mode: &str) -> Result<Value> {
+    let script = Path::new("ops/bench-graphile/run");
+    if !script.exists() {
+        return Ok(json!({"skipped": "ops/bench-graphile/run is missing"}));
+    }
+    let out = std::process::Command::new(script)
+        .args([
+            "--url",
+            url,
+            "--sessions",
+            &sessions.to_string(),
+            "--jobs",
+            &jobs.to_string(),
+            "--concurrency",
+            "4",
+            "--mode",
+            mode,
+            "--timeout",
+            "300",
+        ])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or("{}");
+    Ok(serde_json::from_str(last)
+        .unwrap_or_else(|_| json!({"error": String::from_utf8_lossy(&out.stderr).to_string()})))
+}
+
+async fn queue(env: &Env) -> Result<Value> {
+    let (sessions, turns) = if env.quick { (200, 5) } else { (1000, 10) };
+    let (pool, url) = fresh_db(env, "kvmem_bench_queue").await?;
+    println!("## Queue throughput, echo generator ({sessions} sessions × {turns} turns, strict per-session order)\n");
+    println!("| system | workers | turns/s | run s | violations |\n|---|---:|---:|---:|---:|");
+    let mut runs = Vec::new();
+    for c in [1u32, 2, 4] {
+        let r = echo_run(&pool, sessions, turns, c, &format!("q{c}_")).await?;
+        println!(
+            "| kvmem | {c} | {:.0} | {:.2} | {} |",
+            r["turns_per_s"].as_f64().unwrap_or(0.0),
+            r["run_s"].as_f64().unwrap_or(0.0),
+            r["order_or_overlap_violations"]
+        );
+        runs.push(r);
+    }
+    let mut peers = Vec::new();
+    for mode in ["default", "fast"] {
+        let g = graphile(&url, sessions, turns, mode)?;
+        println!(
+            "| graphile-worker ({mode}) | 4 | {:.0} | {:.2} | {} |",
+            g["jobs_per_s"].as_f64().unwrap_or(0.0),
+            g["run_s"].as_f64().unwrap_or(0.0),
+            g.get("order_violations")
+                .map_or("?".to_string(), |v| format!(
+                    "{} (+{} overlaps){}",
+                    v,
+                    g["overlaps"],
+                    if g["hung"] == true { ", hung" } else { "" }
+                ))
+        );
+        peers.push(json!({"mode": mode, "result": g}));
+    }
+    let (p50, p99) = start_latency(&pool, if env.quick { 100 } else { 500 }).await?;
+    println!("\nenqueue-to-start latency (idle worker, NOTIFY): p50 {p50:.2} ms, p99 {p99:.2} ms");
+    let k4 = runs[2]["turns_per_s"].as_f64().unwrap_or(0.0);
+    for p in &peers {
+        let g = p["result"]["jobs_per_s"].as_f64().unwrap_or(0.0);
+        if g > 0.0 {
+            println!(
+                "kvmem(4) / graphile-worker({}) = {:.2}",
+                p["mode"].as_str().unwrap_or(""),
+                k4 / g
+            );
+        }
+    }
+    // Growth of the table: the same run with 1M finished turns already stored.
+    let history = if env.quick { 100_000 } else { 1_000_000 };
+    let t = Instant::now();
+    sqlx::query(
+        "INSERT INTO turns (session_id, user_id, character_id, message, state, reply, finished_at)
+         SELECT 'old' || (g % 10000), 'bench', (SELECT min(id) FROM user_characters), 'old', 'done', 'old', now()
+           FROM generate_series(1, $1) g",
+    )
+    .bind(history)
+    .execute(&pool)
+    .await?;
+    sqlx::query("VACUUM ANALYZE turns").execute(&pool).await?;
+    let fill_s = t.elapsed().as_secs_f64();
+    let big = echo_run(&pool, sessions, turns, 4, "big_").await?;
+    println!(
+        "with {history} finished turns in the table: {:.0} turns/s at 4 workers ({:.2}× the run above; fill took {fill_s:.0} s)\n",
+        big["turns_per_s"].as_f64().unwrap_or(0.0),
+        big["turns_per_s"].as_f64().unwrap_or(0.0) / k4
+    );
+    Ok(
+        json!({"suite": "queue", "kvmem": runs, "graphile_worker": peers, "start_latency_ms": {"p50": p50, "p99": p99},
+        "with_history": {"finished_turns": history, "result": big}}),
+    )
+}
+
+async fn growth(env: &Env) -> Result<Value> {
+    let turns = if env.quick { 40 } else { 200 };
+    let kv_dir = tempdir("growth")?;
+    let s = Settings::defaults().with(json!({"kv_dir": kv_dir, "kv_tail_tokens": 1024, "reply_max_tokens": 24, "log_level": "warn"}))?;
+    let engine = Arc::new(Engine::load(
+        &env.smollm2,
+        None,
+        EngineParams::from_settings(&s),
+    )?);
+    let (pool, _) = fresh_db(env, "kvmem_bench_growth").await?;
+    let ch = character(&pool).await?;
+    let deps = llama_deps(&pool, s, engine)?;
+    for i in 0..turns {
+        let (u, _) = filler(i);
+        timed_turn(&deps, "grow", ch, &u).await?;
+    }
+    let rows: Vec<(i32, i64, i32)> =
+        sqlx::query_as("SELECT tokens_in_kv, kv_bytes, latency_ms FROM turn_log WHERE sid = 'grow' ORDER BY turn_id")
+            .fetch_all(&pool)
+            .await?;
+    println!("## Growth over a {turns}-turn session (SmolLM2, KV_TAIL_TOKENS=1024)\n");
+    println!("| turns | tokens_in_kv (max) | kv_bytes (max) | latency ms (median) |\n|---|---:|---:|---:|");
+    let step = turns / 10;
+    let mut buckets = Vec::new();
+    for b in 0..10 {
+        let chunk = &rows[b * step..((b + 1) * step).min(rows.len())];
+        let tk = chunk.iter().map(|r| r.0).max().unwrap_or(0);
+        let kb = chunk.iter().map(|r| r.1).max().unwrap_or(0);
+        let mut l: Vec<f64> = chunk.iter().map(|r| r.2 as f64).collect();
+        let ml = median(&mut l);
+        println!(
+            "| {}–{} | {tk} | {kb} | {ml:.0} |",
+            b * step + 1,
+            (b + 1) * step
+        );
+        buckets.push(json!({"from": b * step + 1, "to": (b + 1) * step, "tokens_in_kv_max": tk, "kv_bytes_max": kb, "latency_ms_median": ml}));
+    }
+    println!();
+    let _ = std::fs::remove_dir_all(&kv_dir);
+    Ok(json!({"suite": "growth", "turns": turns, "buckets": buckets}))
+}
