@@ -185,6 +185,13 @@ async fn expired_lease_is_rerun_by_another_worker_and_the_stale_one_is_fenced(po
             .unwrap();
     assert_eq!(reply, "echo: hello");
     assert_eq!(attempts, 2, "the reaped attempt counts");
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM events WHERE turn_id = $1 ORDER BY id")
+            .bind(id.0)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(kinds, ["claimed", "reaped", "claimed", "completed"]);
     let assistant: i64 =
         sqlx::query_scalar("SELECT count(*) FROM messages WHERE role = 'assistant'")
             .fetch_one(&pool)
@@ -440,4 +447,19 @@ async fn status_report_shows_the_queue(pool: PgPool) {
     let text = kvmem::status::report(&pool).await.unwrap();
     assert!(text.contains("queued   2"), "{text}");
     assert!(text.contains("live"), "{text}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn old_events_are_trimmed(pool: PgPool) {
+    migrate(&pool).await;
+    sqlx::query("INSERT INTO events (kind, created_at) VALUES ('old', now() - interval '200 hours'), ('new', now())")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queue::trim_events(&pool, 168).await.unwrap(), 1);
+    let left: Vec<String> = sqlx::query_scalar("SELECT kind FROM events")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["new"]);
 }

@@ -262,6 +262,15 @@ pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
     Ok(reaped)
 }
 
+/// Deletes events older than the retention window, a bounded batch at a time.
+pub async fn trim_events(pool: &PgPool, retention_hours: u64) -> Result<u64> {
+    let done = sqlx::query(include_str!("../sql/queue/trim_events.sql"))
+        .bind(retention_hours as f64)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
 async fn release_lease(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {
     sqlx::query(include_str!("../sql/queue/release_lease.sql"))
         .bind(&turn.session_id)

@@ -326,6 +326,9 @@ async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
             Ok(_) => {}
             Err(e) => warn!(error = %e, "reaper failed"),
         }
+        if let Err(e) = queue::trim_events(&deps.pool, deps.settings.events_retention_hours).await {
+            warn!(error = %e, "event retention failed");
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}

@@ -26,13 +26,19 @@ WITH next AS (
       FROM next n
      WHERE l.session_id = n.session_id
     RETURNING l.session_id, l.turn_id, l.fencing_token
+), claimed AS (
+    UPDATE turns t
+       SET state = 'running',
+           attempts = t.attempts + 1,
+           started_at = now(),
+           worker_id = $1
+      FROM lease
+     WHERE t.id = lease.turn_id AND t.state = 'queued'
+    RETURNING t.id, t.session_id, t.user_id, t.character_id, t.message, t.lane,
+              t.attempts, t.max_attempts, lease.fencing_token
+), audit AS (
+    INSERT INTO events (session_id, turn_id, kind, detail)
+    SELECT session_id, id, 'claimed', jsonb_build_object('worker', $1::text, 'attempt', attempts)
+      FROM claimed
 )
-UPDATE turns t
-   SET state = 'running',
-       attempts = t.attempts + 1,
-       started_at = now(),
-       worker_id = $1
-  FROM lease
- WHERE t.id = lease.turn_id AND t.state = 'queued'
-RETURNING t.id, t.session_id, t.user_id, t.character_id, t.message, t.lane,
-          t.attempts, t.max_attempts, lease.fencing_token
+SELECT * FROM claimed

@@ -1,0 +1,6 @@
+-- Event retention: drop the oldest events past the window, at most 10k per call so the
+-- reaper tick stays short. $1 retention in hours.
+DELETE FROM events
+ WHERE id IN (SELECT id FROM events
+               WHERE created_at < now() - make_interval(secs => $1 * 3600)
+               ORDER BY id LIMIT 10000)

@@ -1,0 +1,1062 @@
+//! Chaos: `kvmem worker` processes are killed with SIGKILL at random moments while turns
+//! run, and the database must still keep the queue's promise: every enqueued turn is
+//! answered exactly once, in session order, whatever happens to workers.
+//!
+//! - `chaos_echo` (CI): 4 echo workers (4 slots each, a few ms per reply so kills land
+//!   mid-claim, mid-generation and mid-completion), 50 sessions × 20 turns, 30 kills.
+//! - `chaos_llama` (CI): 2 llama workers on the tiny model sharing one KV directory,
+//!   10 sessions × 6 turns, 6 timed kills plus kills aimed at snapshot writes (a worker
+//!   is killed when its `.<scope>.<pid>.tmp` file appears). Afterwards every `.llkv` must
+//!   decode, and one more turn per session must succeed on a fresh worker.
+//! - `KVMEM_CHAOS_LONG=1` (what `ops/chaos` runs) scales both up: echo 6 workers,
+//!   200 sessions × 50 turns, 200 kills; llama 3 workers, 30 sessions × 20 turns, 40 timed
+//!   kills plus up to 15 snapshot kills.
+//! - `KVMEM_CHAOS_SEED=N` picks another kill schedule. The seeded RNG chooses victims and
+//!   moments; the machine's timing still varies from run to run, so a run is not a replay.
+//!
+//! Turns are enqueued through `kvmem::queue::enqueue` while the killing goes on (a few
+//! rounds up front, then one turn per session per round), so enqueues also race with
+//! completions and reaps on the session's head pointer. `max_attempts` is raised to 100
+//! first: the checks are about loss and duplication, not retry limits.
+//!
+//! What is checked, against the database, once every turn is final and the workers are
+//! stopped with SIGTERM:
+//! - every turn is `done`, with the messages enqueued, in enqueue order;
+//! - exactly once: per turn one `user` and one `assistant` row in `messages` holding the
+//!   message and the reply, one `turn_log` row with status OK (from the attempt the turn
+//!   counts as its last), `messages` has exactly two rows per turn; echo replies are
+//!   `echo: <message>`;
+//! - order: per session, OK `turn_log` rows by `started_at`, and assistant rows by
+//!   `messages.id` (commit order), have increasing turn ids;
+//! - no overlap: per session, each successful attempt starts after the previous one's
+//!   completion, judged on OK `turn_log` rows (`started_at` is the worker's clock when the
+//!   attempt began, `finished_at` the completion transaction's start) and on the `turns`
+//!   rows (`started_at` of the winning claim, `finished_at` of the completion). Killed
+//!   attempts write no `turn_log` row, so they are judged while they live instead: every
+//!   ~250 ms a sampler checks, in one snapshot, that each running turn holds its session's
+//!   lease, that no lease is held without a running turn, and that every free session
+//!   points at its oldest queued turn (a session that does not is a lost turn);
+//! - no worker exits by itself, and each exits cleanly on SIGTERM.
+//!
+//! "Kills with a running turn" counts kills after which the database still showed a
+//! running turn whose `worker_id` (`host:pid:hex`) has the killed process's pid.
+//! Worker logs go to `$CARGO_TARGET_TMPDIR/chaos/<test>/`.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::PgPool;
+
+/// The two tests load the machine fully; they run one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn long_run() -> bool {
+    std::env::var("KVMEM_CHAOS_LONG").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+fn seed(default: u64) -> u64 {
+    std::env::var("KVMEM_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn log_dir(test: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("chaos")
+        .join(test);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+// ---------------------------------------------------------------------------------------
+// Worker processes
+
+#[derive(Clone)]
+enum Gen {
+    Echo { delay_ms: u64, concurrency: u32 },
+    Llama { kv_dir: PathBuf },
+}
+
+/// The worker processes of one test. Dropping it SIGKILLs whatever still runs, so no
+/// worker outlives the test, whether it passes or panics.
+struct Fleet {
+    url: String,
+    generator: Gen,
+    log_dir: PathBuf,
+    slots: Vec<Option<Child>>,
+    logs: Vec<PathBuf>,
+    started: usize,
+}
+
+impl Fleet {
+    fn new(url: &str, generator: Gen, log_dir: &Path, workers: usize) -> Fleet {
+        let mut fleet = Fleet {
+            url: url.to_string(),
+            generator,
+            log_dir: log_dir.to_path_buf(),
+            slots: (0..workers).map(|_| None).collect(),
+            logs: vec![PathBuf::new(); workers],
+            started: 0,
+        };
+        for slot in 0..workers {
+            fleet.start(slot);
+        }
+        fleet
+    }
+
+    fn start(&mut self, slot: usize) {
+        assert!(self.slots[slot].is_none(), "slot {slot} is running");
+        self.started += 1;
+        let log = self
+            .log_dir
+            .join(format!("{:04}-slot{slot}.log", self.started));
+        let out = File::create(&log).expect("worker log file");
+        let err = out.try_clone().expect("worker log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmem"));
+        cmd.arg("worker")
+            .env("DATABASE_URL", &self.url)
+            .env(
+                "KVMEM_CONFIG_DIR",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+            )
+            .env("KVMEM_ENV", "test")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        match &self.generator {
+            Gen::Echo {
+                delay_ms,
+                concurrency,
+            } => {
+                cmd.args([
+                    "--generator",
+                    "echo",
+                    "--concurrency",
+                    &concurrency.to_string(),
+                    "--echo-delay-ms",
+                    &delay_ms.to_string(),
+                ]);
+            }
+            Gen::Llama { kv_dir } => {
+                cmd.args(["--generator", "llama"])
+                    .env("KVMEM_MODEL_PATH", tiny_model())
+                    .env("KVMEM_KV_DIR", kv_dir)
+                    .env("N_CTX", "1024")
+                    .env("KV_TAIL_TOKENS", "256")
+                    .env("REPLY_MAX_TOKENS", "16")
+                    // Two or three processes on a small machine: one thread each.
+                    .env("KVMEM_N_THREADS", "1");
+            }
+        }
+        self.slots[slot] = Some(cmd.spawn().expect("start kvmem worker"));
+        self.logs[slot] = log;
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn slot_of(&self, pid: u32) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|c| c.id() == pid))
+    }
+
+    /// SIGKILL and reap; returns the pid.
+    fn kill(&mut self, slot: usize) -> Option<u32> {
+        let mut child = self.slots[slot].take()?;
+        let pid = child.id();
+        let _ = child.kill();
+        let _ = child.wait();
+        Some(pid)
+    }
+
+    /// Workers that exited without being killed, as reports; their slots are free again.
+    fn exited_by_themselves(&mut self) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for slot in 0..self.slots.len() {
+            let Some(child) = self.slots[slot].as_mut() else {
+                continue;
+            };
+            if let Ok(Some(status)) = child.try_wait() {
+                let pid = child.id();
+                self.slots[slot] = None;
+                out.push((
+                    slot,
+                    format!(
+                        "worker pid {pid} (slot {slot}) exited by itself: {status}; log {}:\n{}",
+                        self.logs[slot].display(),
+                        tail(&self.logs[slot], 15)
+                    ),
+                ));
+            }
+        }
+        out
+    }
+
+    /// SIGTERM to every worker, then wait for each to exit. Returns complaints.
+    async fn stop(&mut self, grace: Duration) -> Vec<String> {
+        let mut complaints = Vec::new();
+        for child in self.slots.iter().flatten() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + grace;
+        for slot in 0..self.slots.len() {
+            let Some(mut child) = self.slots[slot].take() else {
+                continue;
+            };
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            complaints.push(format!(
+                                "worker pid {} (slot {slot}) ended with {status} on SIGTERM; log {}:\n{}",
+                                child.id(),
+                                self.logs[slot].display(),
+                                tail(&self.logs[slot], 15)
+                            ));
+                        }
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        complaints.push(format!(
+                            "worker pid {} (slot {slot}) ignored SIGTERM for {grace:?}; log {}",
+                            child.id(),
+                            self.logs[slot].display()
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+        complaints
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for child in self.slots.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------
+// The plan, the enqueuer and the killer
+
+struct Plan {
+    name: &'static str,
+    sessions: usize,
+    turns: usize,
+    /// Rounds (one turn per session) enqueued before the workers start.
+    upfront: usize,
+    /// Kills on a timer, at a random moment `kill_gap_ms` after the previous one.
+    kills: usize,
+    kill_gap_ms: (u64, u64),
+    /// Kills aimed at snapshot writes in this directory (llama only), at most this many.
+    snipe: Option<(PathBuf, usize)>,
+    drain_timeout: Duration,
+}
+
+impl Plan {
+    /// Rounds after the upfront ones are spread over ~80% of the expected killing time,
+    /// so work keeps arriving while workers die.
+    fn round_gap(&self) -> Duration {
+        let rounds = self.turns.saturating_sub(self.upfront).max(1) as u64;
+        let mean = (self.kill_gap_ms.0 + self.kill_gap_ms.1) / 2;
+        Duration::from_millis(self.kills as u64 * mean * 8 / 10 / rounds)
+    }
+}
+
+fn session_id(s: usize) -> String {
+    format!("chaos-{s:03}")
+}
+
+fn message(s: usize, t: usize) -> String {
+    format!("session {s} turn {t}: where do we go from here?")
+}
+
+async fn enqueue_round(
+    pool: &PgPool,
+    plan_sessions: usize,
+    round: usize,
+    owners: &[(String, i64)],
+) {
+    for s in 0..plan_sessions {
+        let (user, ch) = &owners[s % owners.len()];
+        kvmem::queue::enqueue(pool, &session_id(s), user, *ch, &message(s, round), None)
+            .await
+            .unwrap_or_else(|e| panic!("enqueue session {s} round {round}: {e}"));
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    kills: usize,
+    timer_kills: usize,
+    /// Kills after which a turn of the killed pid was still `running` in the database.
+    kills_busy: usize,
+    /// Turns left running by killed workers, summed over kills.
+    stranded: i64,
+    snipes: usize,
+    /// Snipes whose `.tmp` file was still there after the process died: killed mid-write.
+    snipes_mid_write: usize,
+    crashes: Vec<String>,
+    violations: Vec<String>,
+    samples: usize,
+}
+
+impl Stats {
+    async fn record_kill(&mut self, pool: &PgPool, pid: u32) {
+        self.kills += 1;
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM turns WHERE state = 'running' AND worker_id LIKE $1",
+        )
+        .bind(format!("%:{pid}:%"))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if running > 0 {
+            self.kills_busy += 1;
+            self.stranded += running;
+        }
+    }
+
+    fn restart_crashed(&mut self, fleet: &mut Fleet) {
+        for (slot, report) in fleet.exited_by_themselves() {
+            eprintln!("{report}");
+            self.crashes.push(report);
+            fleet.start(slot);
+        }
+    }
+
+    /// Queue invariants, read in one snapshot. Any hit is recorded with its rows.
+    async fn sample(&mut self, pool: &PgPool) {
+        self.samples += 1;
+        let rows: Vec<String> = sqlx::query_scalar(
+            "SELECT format('running turn %s of %s by %s without its lease (lease turn %s owner %s)',
+                           t.id, t.session_id, t.worker_id, l.turn_id, l.owner)
+               FROM turns t LEFT JOIN session_locks l USING (session_id)
+              WHERE t.state = 'running'
+                AND (l.turn_id IS DISTINCT FROM t.id OR l.owner IS DISTINCT FROM t.worker_id)
+             UNION ALL
+             SELECT format('lease on %s for turn %s by %s (token %s) but the turn is %s',
+                           l.session_id, l.turn_id, l.owner, l.fencing_token,
+                           coalesce((SELECT t.state::text FROM turns t WHERE t.id = l.turn_id), 'missing'))
+               FROM session_locks l
+              WHERE l.turn_id IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.id = l.turn_id AND t.state = 'running')
+             UNION ALL
+             SELECT format('free session %s points at head %s but its oldest queued turn is %s',
+                           l.session_id, l.head_turn_id, q.id)
+               FROM session_locks l
+               LEFT JOIN LATERAL (SELECT min(t.id) AS id FROM turns t
+                                   WHERE t.session_id = l.session_id AND t.state = 'queued') q ON true
+              WHERE l.turn_id IS NULL AND l.head_turn_id IS DISTINCT FROM q.id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        for row in rows {
+            if self.violations.len() < 50 {
+                eprintln!(
+                    "{}: invariant: {row}",
+                    chrono::Utc::now().format("%H:%M:%S%.3f")
+                );
+                self.violations.push(row);
+            }
+        }
+    }
+}
+
+async fn progress(pool: &PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'done'),
+                count(*) FILTER (WHERE state IN ('queued', 'running')),
+                count(*) FILTER (WHERE state = 'running')
+           FROM turns",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `.<scope>.<pid>.tmp` files in the KV directory, with their pid.
+fn tmp_files(dir: &Path) -> Vec<(PathBuf, u32)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let pid = name
+                .strip_suffix(".tmp")?
+                .rsplit('.')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((e.path(), pid))
+        })
+        .collect()
+}
+
+/// Kills workers until the plan's kills are done and everything is enqueued, restarting
+/// each victim at once.
+async fn chaos(
+    pool: &PgPool,
+    fleet: &mut Fleet,
+    rng: &mut StdRng,
+    plan: &Plan,
+    enqueuer: &tokio::task::JoinHandle<()>,
+    stats: &mut Stats,
+) {
+    let started = Instant::now();
+    let gap = |rng: &mut StdRng| {
+        Duration::from_millis(rng.gen_range(plan.kill_gap_ms.0..=plan.kill_gap_ms.1))
+    };
+    let mut next_kill = Instant::now() + gap(rng);
+    let mut next_sample = Instant::now();
+    let mut next_report = Instant::now() + Duration::from_secs(5);
+    // Snapshot writes last a few ms: look often when aiming at them.
+    let tick = Duration::from_millis(if plan.snipe.is_some() { 1 } else { 5 });
+    while stats.timer_kills < plan.kills || !enqueuer.is_finished() {
+        tokio::time::sleep(tick).await;
+        stats.restart_crashed(fleet);
+        if let Some((dir, max)) = &plan.snipe {
+            if stats.snipes < *max {
+                for (path, pid) in tmp_files(dir) {
+                    let Some(slot) = fleet.slot_of(pid) else {
+                        continue; // left by a process killed earlier
+                    };
+                    if !rng.gen_bool(0.3) {
+                        continue;
+                    }
+                    fleet.kill(slot);
+                    stats.snipes += 1;
+                    if path.exists() {
+                        stats.snipes_mid_write += 1;
+                    }
+                    stats.record_kill(pool, pid).await;
+                    fleet.start(slot);
+                    break;
+                }
+            }
+        }
+        if stats.timer_kills < plan.kills && Instant::now() >= next_kill {
+            let slot = rng.gen_range(0..fleet.len());
+            if let Some(pid) = fleet.kill(slot) {
+                stats.timer_kills += 1;
+                stats.record_kill(pool, pid).await;
+            }
+            fleet.start(slot);
+            next_kill = Instant::now() + gap(rng);
+        }
+        if Instant::now() >= next_sample {
+            stats.sample(pool).await;
+            next_sample = Instant::now() + Duration::from_millis(250);
+        }
+        if Instant::now() >= next_report {
+            let (done, pending, running) = progress(pool).await;
+            println!(
+                "{}: {:>5.1}s killing: kills={} busy={} snipes={}/{} done={done} pending={pending} running={running}",
+                plan.name,
+                started.elapsed().as_secs_f64(),
+                stats.kills,
+                stats.kills_busy,
+                stats.snipes_mid_write,
+                stats.snipes
+            );
+            next_report = Instant::now() + Duration::from_secs(5);
+        }
+    }
+}
+
+/// Waits until no turn is queued or running, keeping the fleet up and the sampler on.
+async fn drain(pool: &PgPool, fleet: &mut Fleet, plan: &Plan, stats: &mut Stats) {
+    let started = Instant::now();
+    let mut next_report = Instant::now() + Duration::from_secs(5);
+    loop {
+        stats.restart_crashed(fleet);
+        stats.sample(pool).await;
+        let (done, pending, running) = progress(pool).await;
+        if pending == 0 {
+            return;
+        }
+        if started.elapsed() > plan.drain_timeout {
+            let stuck: Vec<String> = sqlx::query_scalar(
+                "SELECT format('turn %s %s state=%s attempts=%s run_at=%s worker=%s error=%s | lease turn=%s owner=%s token=%s expires=%s head=%s head_run_at=%s | now=%s',
+                               t.id, t.session_id, t.state, t.attempts, t.run_at, t.worker_id, t.error,
+                               l.turn_id, l.owner, l.fencing_token, l.expires_at, l.head_turn_id, l.head_run_at, now())
+                   FROM turns t LEFT JOIN session_locks l USING (session_id)
+                  WHERE t.state IN ('queued', 'running') ORDER BY t.id LIMIT 40",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            panic!(
+                "{}: {pending} turns still pending ({running} running, {done} done) {:?} after the killing stopped:\n{}\nworker logs: {}",
+                plan.name,
+                plan.drain_timeout,
+                stuck.join("\n"),
+                fleet.log_dir.display()
+            );
+        }
+        if Instant::now() >= next_report {
+            println!(
+                "{}: {:>5.1}s draining: done={done} pending={pending} running={running}",
+                plan.name,
+                started.elapsed().as_secs_f64()
+            );
+            next_report = Instant::now() + Duration::from_secs(5);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Verification
+
+#[derive(sqlx::FromRow)]
+struct TurnRow {
+    id: i64,
+    session_id: String,
+    state: String,
+    attempts: i32,
+    message: String,
+    reply: Option<String>,
+    error: Option<String>,
+    echo_ok: bool,
+    users: i64,
+    assistants: i64,
+    users_ok: i64,
+    assistants_ok: i64,
+    ok_logs: i64,
+    ok_attempt: Option<i32>,
+}
+
+#[derive(Default)]
+struct Verdict {
+    turns: usize,
+    not_done: Vec<String>,
+    duplicates: Vec<String>,
+    missing: Vec<String>,
+    wrong_content: Vec<String>,
+    order_violations: Vec<String>,
+    overlaps: Vec<String>,
+    retried: usize,
+    max_attempts: i32,
+    failed_logs: i64,
+}
+
+impl Verdict {
+    fn problems(&self) -> Vec<(&'static str, &Vec<String>)> {
+        [
+            ("not done", &self.not_done),
+            ("duplicates", &self.duplicates),
+            ("missing", &self.missing),
+            ("wrong content", &self.wrong_content),
+            ("order violations", &self.order_violations),
+            ("overlaps", &self.overlaps),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+    }
+}
+
+fn push(list: &mut Vec<String>, item: String) {
+    if list.len() < 1000 {
+        list.push(item);
+    }
+}
+
+/// Reads the whole outcome back. `expected` is each session's messages in enqueue order.
+async fn verify(pool: &PgPool, expected: &BTreeMap<String, Vec<String>>, echo: bool) -> Verdict {
+    let mut v = Verdict::default();
+    let rows: Vec<TurnRow> = sqlx::query_as(
+        "SELECT t.id, t.session_id, t.state::text AS state, t.attempts, t.message, t.reply, t.error,
+                t.reply IS NOT DISTINCT FROM ('echo: ' || t.message) AS echo_ok,
+                (SELECT count(*) FROM messages m WHERE m.turn_id = t.id AND m.role = 'user') AS users,
+                (SELECT count(*) FROM messages m WHERE m.turn_id = t.id AND m.role = 'assistant') AS assistants,
+                (SELECT count(*) FROM messages m WHERE m.turn_id = t.id AND m.role = 'user'
+                    AND m.session_id = t.session_id AND m.content = t.message) AS users_ok,
+                (SELECT count(*) FROM messages m WHERE m.turn_id = t.id AND m.role = 'assistant'
+                    AND m.session_id = t.session_id AND m.content = t.reply) AS assistants_ok,
+                (SELECT count(*) FROM turn_log l WHERE l.turn_id = t.id AND l.status = 'OK') AS ok_logs,
+                (SELECT max(l.attempt) FROM turn_log l WHERE l.turn_id = t.id AND l.status = 'OK') AS ok_attempt
+           FROM turns t ORDER BY t.id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    v.turns = rows.len();
+
+    // Every enqueued message is there, once, in enqueue order.
+    let mut by_session: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for r in &rows {
+        by_session
+            .entry(r.session_id.as_str())
+            .or_default()
+            .push(r.message.as_str());
+    }
+    for (sid, msgs) in expected {
+        let got = by_session.remove(sid.as_str()).unwrap_or_default();
+        if got != *msgs {
+            push(
+                &mut v.missing,
+                format!("session {sid}: turns by id hold {got:?}, enqueued {msgs:?}"),
+            );
+        }
+    }
+    for sid in by_session.keys() {
+        push(&mut v.missing, format!("unexpected session {sid}"));
+    }
+
+    for r in &rows {
+        let who = format!("turn {} ({})", r.id, r.session_id);
+        if r.state != "done" {
+            push(
+                &mut v.not_done,
+                format!(
+                    "{who}: {} after {} attempts, error {:?}",
+                    r.state, r.attempts, r.error
+                ),
+            );
+        }
+        if r.users > 1 || r.assistants > 1 || r.ok_logs > 1 {
+            push(
+                &mut v.duplicates,
+                format!(
+                    "{who}: {} user rows, {} assistant rows, {} OK turn_log rows",
+                    r.users, r.assistants, r.ok_logs
+                ),
+            );
+        }
+        if r.reply.is_none() || r.users == 0 || r.assistants == 0 || r.ok_logs == 0 {
+            push(
+                &mut v.missing,
+                format!(
+                    "{who}: reply {:?}, {} user rows, {} assistant rows, {} OK turn_log rows",
+                    r.reply, r.users, r.assistants, r.ok_logs
+                ),
+            );
+        }
+        if r.users_ok != r.users || r.assistants_ok != r.assistants || (echo && !r.echo_ok) {
+            push(
+                &mut v.wrong_content,
+                format!("{who}: message {:?}, reply {:?}", r.message, r.reply),
+            );
+        }
+        if r.ok_attempt.is_some_and(|a| a != r.attempts) {
+            push(
+                &mut v.duplicates,
+                format!(
+                    "{who}: the OK attempt is {:?} but the turn counts {} attempts (claimed again after success?)",
+                    r.ok_attempt, r.attempts
+                ),
+            );
+        }
+        if r.attempts > 1 {
+            v.retried += 1;
+        }
+        v.max_attempts = v.max_attempts.max(r.attempts);
+    }
+    let messages: i64 = sqlx::query_scalar("SELECT count(*) FROM messages")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    if messages != 2 * rows.len() as i64 {
+        push(
+            &mut v.duplicates,
+            format!("messages holds {messages} rows for {} turns", rows.len()),
+        );
+    }
+    v.failed_logs = sqlx::query_scalar("SELECT count(*) FROM turn_log WHERE status <> 'OK'")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+
+    // Order and overlap on successful attempts: the turn_log rows ...
+    let logs: Vec<(String, i64, DateTime<Utc>, DateTime<Utc>, String)> = sqlx::query_as(
+        "SELECT sid, turn_id, started_at, finished_at, worker_id FROM turn_log
+          WHERE status = 'OK' ORDER BY sid, started_at, id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for pair in logs.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 != b.0 {
+            continue;
+        }
+        if b.1 <= a.1 {
+            push(
+                &mut v.order_violations,
+                format!(
+                    "session {}: turn {} started {} (by {}) after turn {} started {} (by {})",
+                    a.0, b.1, b.2, b.4, a.1, a.2, a.4
+                ),
+            );
+        }
+        if b.2 < a.3 {
+            push(
+                &mut v.overlaps,
+                format!(
+                    "session {}: turn {} (by {}) ran {}..{}, turn {} (by {}) started {}",
+                    a.0, a.1, a.4, a.2, a.3, b.1, b.4, b.2
+                ),
+            );
+        }
+    }
+    // ... the dialogue in commit order ...
+    let dialogue: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT session_id, turn_id, id FROM messages WHERE role = 'assistant' ORDER BY session_id, id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for pair in dialogue.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 && b.1 <= a.1 {
+            push(
+                &mut v.order_violations,
+                format!(
+                    "session {}: reply to turn {} (message {}) committed after turn {} (message {})",
+                    a.0, b.1, b.2, a.1, a.2
+                ),
+            );
+        }
+    }
+    // ... and the turns' winning claims against the previous completion.
+    let spans: Vec<(String, i64, Option<DateTime<Utc>>, Option<DateTime<Utc>>)> = sqlx::query_as(
+        "SELECT session_id, id, started_at, finished_at FROM turns
+          WHERE state = 'done' ORDER BY session_id, id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for pair in spans.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 && b.2 < a.3 {
+            push(
+                &mut v.overlaps,
+                format!(
+                    "session {}: turn {} was claimed at {:?}, before turn {} completed at {:?}",
+                    a.0, b.1, b.2, a.1, a.3
+                ),
+            );
+        }
+    }
+    v
+}
+
+fn assert_clean(name: &str, v: &Verdict, stats: &Stats, stop_complaints: &[String]) {
+    let mut report = String::new();
+    for (what, items) in v.problems() {
+        report.push_str(&format!("\n{what} ({}):\n", items.len()));
+        for item in items.iter().take(20) {
+            report.push_str(&format!("  {item}\n"));
+        }
+    }
+    if !stats.violations.is_empty() {
+        report.push_str(&format!(
+            "\nqueue invariant violations seen by the sampler ({}):\n",
+            stats.violations.len()
+        ));
+        for item in stats.violations.iter().take(20) {
+            report.push_str(&format!("  {item}\n"));
+        }
+    }
+    for item in stats.crashes.iter().chain(stop_complaints) {
+        report.push_str(&format!("\n{item}\n"));
+    }
+    assert!(report.is_empty(), "{name}: the promise broke:{report}");
+}
+
+fn summary(name: &str, seed: u64, stats: &Stats, v: &Verdict, started: Instant) -> String {
+    format!(
+        "{name}: seed={seed} kills={} (timed={} snapshot={} mid-write={}) kills_with_running_turn={} \
+         turns_stranded={} turns_checked={} retried={} max_attempts={} failed_attempt_logs={} \
+         duplicates={} lost={} order_violations={} overlaps={} invariant_violations={} crashes={} \
+         samples={} elapsed={:.1}s",
+        stats.kills,
+        stats.timer_kills,
+        stats.snipes,
+        stats.snipes_mid_write,
+        stats.kills_busy,
+        stats.stranded,
+        v.turns,
+        v.retried,
+        v.max_attempts,
+        v.failed_logs,
+        v.duplicates.len(),
+        v.missing.len() + v.not_done.len(),
+        v.order_violations.len(),
+        v.overlaps.len(),
+        stats.violations.len(),
+        stats.crashes.len(),
+        stats.samples,
+        started.elapsed().as_secs_f64()
+    )
+}
+
+async fn prepare(pool: &PgPool, users: usize) -> Vec<(String, i64)> {
+    migrate(pool).await;
+    sqlx::query("UPDATE kvmem_config SET value = '100' WHERE key = 'max_attempts'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut owners = Vec::new();
+    for u in 0..users {
+        let user = format!("u{u}");
+        let ch = character(pool, &user, &format!("Pilot {u}")).await;
+        owners.push((user, ch));
+    }
+    owners
+}
+
+fn spawn_enqueuer(
+    pool: &PgPool,
+    plan: &Plan,
+    owners: &[(String, i64)],
+) -> tokio::task::JoinHandle<()> {
+    let (pool, owners) = (pool.clone(), owners.to_vec());
+    let (sessions, from, to, gap) = (plan.sessions, plan.upfront, plan.turns, plan.round_gap());
+    tokio::spawn(async move {
+        for round in from..to {
+            tokio::time::sleep(gap).await;
+            enqueue_round(&pool, sessions, round, &owners).await;
+        }
+    })
+}
+
+fn expected_messages(plan: &Plan) -> BTreeMap<String, Vec<String>> {
+    (0..plan.sessions)
+        .map(|s| {
+            (
+                session_id(s),
+                (0..plan.turns).map(|t| message(s, t)).collect(),
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The tests
+
+#[sqlx::test(migrations = false)]
+async fn chaos_echo(pool: PgPool) {
+    let _serial = SERIAL.lock().await;
+    let long = long_run();
+    let plan = Plan {
+        name: "chaos_echo",
+        sessions: if long { 200 } else { 50 },
+        turns: if long { 50 } else { 20 },
+        upfront: 4,
+        kills: if long { 200 } else { 30 },
+        kill_gap_ms: (100, 600),
+        snipe: None,
+        drain_timeout: Duration::from_secs(if long { 900 } else { 180 }),
+    };
+    let workers = if long { 6 } else { 4 };
+    let seed = seed(0xC4A0_5EED);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let started = Instant::now();
+
+    let owners = prepare(&pool, 1).await;
+    for round in 0..plan.upfront {
+        enqueue_round(&pool, plan.sessions, round, &owners).await;
+    }
+    let url = db_url(&pool).await;
+    let logs = log_dir(plan.name);
+    let generator = Gen::Echo {
+        delay_ms: 5,
+        concurrency: 4,
+    };
+    let mut fleet = Fleet::new(&url, generator, &logs, workers);
+    let enqueuer = spawn_enqueuer(&pool, &plan, &owners);
+    let mut stats = Stats::default();
+
+    chaos(&pool, &mut fleet, &mut rng, &plan, &enqueuer, &mut stats).await;
+    enqueuer.await.expect("enqueuer");
+    drain(&pool, &mut fleet, &plan, &mut stats).await;
+    let complaints = fleet.stop(Duration::from_secs(30)).await;
+
+    let verdict = verify(&pool, &expected_messages(&plan), true).await;
+    println!("{}", summary(plan.name, seed, &stats, &verdict, started));
+    assert_eq!(verdict.turns, plan.sessions * plan.turns);
+    assert!(stats.kills >= 20, "only {} kills", stats.kills);
+    assert_clean(plan.name, &verdict, &stats, &complaints);
+}
+
+#[sqlx::test(migrations = false)]
+async fn chaos_llama(pool: PgPool) {
+    let _serial = SERIAL.lock().await;
+    let long = long_run();
+    let kv = tempfile::tempdir().unwrap();
+    let plan = Plan {
+        name: "chaos_llama",
+        sessions: if long { 30 } else { 10 },
+        turns: if long { 20 } else { 6 },
+        upfront: 2,
+        kills: if long { 40 } else { 6 },
+        kill_gap_ms: (300, 1500),
+        snipe: Some((kv.path().to_path_buf(), if long { 15 } else { 4 })),
+        drain_timeout: Duration::from_secs(if long { 1200 } else { 240 }),
+    };
+    let workers = if long { 3 } else { 2 };
+    let seed = seed(0x11A_3A5EED);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let started = Instant::now();
+
+    let owners = prepare(&pool, 2).await;
+    for round in 0..plan.upfront {
+        enqueue_round(&pool, plan.sessions, round, &owners).await;
+    }
+    let url = db_url(&pool).await;
+    let logs = log_dir(plan.name);
+    let generator = Gen::Llama {
+        kv_dir: kv.path().to_path_buf(),
+    };
+    let mut fleet = Fleet::new(&url, generator.clone(), &logs, workers);
+    let enqueuer = spawn_enqueuer(&pool, &plan, &owners);
+    let mut stats = Stats::default();
+
+    chaos(&pool, &mut fleet, &mut rng, &plan, &enqueuer, &mut stats).await;
+    enqueuer.await.expect("enqueuer");
+    drain(&pool, &mut fleet, &plan, &mut stats).await;
+    let mut complaints = fleet.stop(Duration::from_secs(30)).await;
+    drop(fleet);
+
+    // After the storm: one more turn per session on a fresh worker, warm or cold, must succeed.
+    let mut fresh = Fleet::new(&url, generator, &logs, 1);
+    let mut last_turn = HashMap::new();
+    for s in 0..plan.sessions {
+        let (user, ch) = &owners[s % owners.len()];
+        let id = kvmem::queue::enqueue(
+            &pool,
+            &session_id(s),
+            user,
+            *ch,
+            &message(s, plan.turns),
+            None,
+        )
+        .await
+        .unwrap();
+        let scope = kvmem::snapshot::scope_key(user, *ch, &session_id(s));
+        last_turn.insert(scope, id.0);
+    }
+    drain(&pool, &mut fresh, &plan, &mut stats).await;
+    complaints.extend(fresh.stop(Duration::from_secs(30)).await);
+    let after: Vec<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT l.loaded, l.cold_reason FROM turn_log l
+          WHERE l.status = 'OK' AND l.turn_id = ANY($1) ORDER BY l.turn_id",
+    )
+    .bind(last_turn.values().copied().collect::<Vec<i64>>())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        after.len(),
+        plan.sessions,
+        "final turns without an OK log row"
+    );
+    let warm = after.iter().filter(|(loaded, _)| *loaded).count();
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, reason) in after.iter().filter(|(loaded, _)| !loaded) {
+        let reason = reason.clone().unwrap_or_default();
+        // "header mismatch: stale: snapshot holds turn 12, ..." → "header mismatch: stale"
+        let short: String = reason
+            .split(',')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(40)
+            .collect();
+        *reasons.entry(short).or_default() += 1;
+    }
+
+    // Snapshots: every .llkv decodes and holds its session's last turn; a partial write is
+    // never a .llkv (stale .tmp files of killed processes, and quarantined .bad files, are fine).
+    let (mut llkv, mut bad, mut tmp) = (0, 0, 0);
+    let mut snapshot_problems = Vec::new();
+    for entry in std::fs::read_dir(kv.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if let Some(scope) = name.strip_suffix(".llkv") {
+            llkv += 1;
+            let bytes = std::fs::read(&path).unwrap();
+            match kvmem::snapshot::decode(&bytes, kvmem::snapshot::Limits::LOOSE) {
+                Err(e) => snapshot_problems.push(format!("{name}: does not decode: {e}")),
+                Ok(snap) if snap.header.scope != scope => {
+                    snapshot_problems.push(format!("{name}: header scope is {}", snap.header.scope))
+                }
+                Ok(snap) if last_turn.get(scope) != Some(&snap.header.turn_id) => snapshot_problems
+                    .push(format!(
+                        "{name}: holds turn {}, the session's last turn is {:?}",
+                        snap.header.turn_id,
+                        last_turn.get(scope)
+                    )),
+                Ok(_) => {}
+            }
+        } else if name.ends_with(".bad") {
+            bad += 1;
+        } else if name.starts_with('.') && name.ends_with(".tmp") {
+            tmp += 1;
+        } else {
+            snapshot_problems.push(format!("{name}: unexpected file in the KV directory"));
+        }
+    }
+    for scope in last_turn.keys() {
+        if !kv.path().join(format!("{scope}.llkv")).exists() {
+            snapshot_problems.push(format!(
+                "{scope}.llkv is missing after its session's last turn"
+            ));
+        }
+    }
+
+    let mut expected = expected_messages(&plan);
+    for (s, msgs) in expected.values_mut().enumerate() {
+        msgs.push(message(s, plan.turns));
+    }
+    let verdict = verify(&pool, &expected, false).await;
+    println!("{}", summary(plan.name, seed, &stats, &verdict, started));
+    println!(
+        "{}: after the storm: {warm}/{} final turns warm, cold reasons {reasons:?}; snapshots: {llkv} llkv, {bad} quarantined, {tmp} stale tmp",
+        plan.name, plan.sessions
+    );
+    assert_eq!(verdict.turns, plan.sessions * (plan.turns + 1));
+    assert!(stats.kills >= 6, "only {} kills", stats.kills);
+    assert!(
+        snapshot_problems.is_empty(),
+        "snapshots:\n{}",
+        snapshot_problems.join("\n")
+    );
+    assert_clean(plan.name, &verdict, &stats, &complaints);
+}
