@@ -60,6 +60,7 @@ pub struct Settings {
     pub shutdown_grace_ms: u64,
     pub lanes: Vec<String>,
     pub events_retention_hours: u64,
+    pub http_timeout_ms: u64,
 
     pub log_format: LogFormat,
     pub log_level: String,

@@ -191,6 +191,7 @@ pub async fn rebuild(
     }
     let changed = changed.is_some();
     if changed {
+        crate::metrics::global().digest_rebuilt();
         sqlx::query(
             "INSERT INTO events (session_id, kind, detail) VALUES ($1, 'digest_rebuilt', $2)",
         )

@@ -64,6 +64,38 @@ enum Command {
     /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
     Demo,
+    /// Seed 000's kvserver HTTP API (chat completions, rotate-hint, info, metrics), with
+    /// a worker in the same process unless --no-worker.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        #[arg(long)]
+        no_worker: bool,
+        #[arg(long, value_enum, default_value = "llama")]
+        generator: GeneratorKind,
+    },
+    /// Re-run recorded sessions into new sessions on the replay lane and compare replies.
+    Replay {
+        /// Recorded session ids (comma-separated or repeated).
+        #[arg(long, value_delimiter = ',')]
+        session: Vec<String>,
+        /// A JSONL file of scenes: {"session_id","user_id","character_id","messages":[..],"replies":[..]}.
+        #[arg(long)]
+        scenes: Option<PathBuf>,
+        /// Where to write the JSON report.
+        #[arg(long, default_value = "replay-report.json")]
+        report: PathBuf,
+        /// Exit non-zero if any reply differs from the recorded one (or any turn fails).
+        #[arg(long)]
+        check: bool,
+        /// Do not run a worker here (workers elsewhere take the replay lane).
+        #[arg(long)]
+        no_worker: bool,
+        #[arg(long, value_enum, default_value = "llama")]
+        generator: GeneratorKind,
+        #[arg(long, default_value_t = 3600)]
+        timeout_s: u64,
+    },
     /// Build a session's digest from its facts and print its version and text.
     Digest {
         #[arg(long)]
@@ -142,6 +174,84 @@ async fn main() -> Result<()> {
             };
             println!("{}\n{}", built.version, built.content);
         }
+        Command::Serve {
+            listen,
+            no_worker,
+            generator,
+        } => {
+            let settings = Arc::new(settings.clone());
+            let pool = db::connect(&url()?, settings.concurrency + 8).await?;
+            db::migrate(&pool).await?;
+            let shutdown = shutdown_on_signal();
+            let worker = if no_worker {
+                None
+            } else {
+                let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
+                Some(tokio::spawn(worker::run(deps, shutdown.clone())))
+            };
+            let model_sha = match &settings.model_path {
+                Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
+                None => String::new(),
+            };
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .with_context(|| format!("binding {listen}"))?;
+            tracing::info!(%listen, "kvserver listening");
+            let state = kvmem::http::AppState::new(pool, settings, model_sha);
+            kvmem::http::serve(listener, state, shutdown).await?;
+            if let Some(w) = worker {
+                let _ = w.await;
+            }
+        }
+        Command::Replay {
+            session,
+            scenes,
+            report,
+            check,
+            no_worker,
+            generator,
+            timeout_s,
+        } => {
+            let mut replay_settings = settings.clone();
+            replay_settings.lanes = vec!["replay".into()];
+            let settings = Arc::new(replay_settings);
+            let pool = db::connect(&url()?, settings.concurrency + 4).await?;
+            db::migrate(&pool).await?;
+            let mut all = kvmem::replay::scenes_from_db(&pool, &session).await?;
+            if let Some(path) = scenes {
+                all.extend(kvmem::replay::scenes_from_jsonl(&path)?);
+            }
+            anyhow::ensure!(
+                !all.is_empty(),
+                "nothing to replay: give --session or --scenes"
+            );
+            let shutdown = CancellationToken::new();
+            let worker = if no_worker {
+                None
+            } else {
+                let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
+                Some(tokio::spawn(worker::run(deps, shutdown.clone())))
+            };
+            let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
+            let result =
+                kvmem::replay::run(&pool, &all, &run_id, Duration::from_secs(timeout_s), true)
+                    .await;
+            shutdown.cancel();
+            if let Some(w) = worker {
+                let _ = w.await;
+            }
+            let result = result?;
+            std::fs::write(&report, serde_json::to_string_pretty(&result)?)?;
+            print!("{}", kvmem::replay::summary(&result));
+            println!("report: {}", report.display());
+            if check && (result.divergences > 0 || result.failures > 0) {
+                anyhow::bail!(
+                    "replay check failed: {} diverged, {} failed",
+                    result.divergences,
+                    result.failures
+                );
+            }
+        }
         Command::Status { watch } => {
             let pool = db::connect(&url()?, 1).await?;
             loop {
@@ -180,10 +290,13 @@ fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::tokens::TokenCoun
     })
 }
 
-async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {
-    let settings = Arc::new(settings);
-    let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
-    db::migrate(&pool).await.context("migrating before start")?;
+/// The worker's dependencies: the pool and the chosen generator (model loaded once).
+async fn build_deps(
+    settings: Arc<Settings>,
+    pool: sqlx::PgPool,
+    kind: GeneratorKind,
+    echo_delay_ms: u64,
+) -> Result<Deps> {
     let generator = match kind {
         GeneratorKind::Echo => Generator::Echo {
             delay: Duration::from_millis(echo_delay_ms),
@@ -199,19 +312,34 @@ async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64)
                 tokio::task::spawn_blocking(move || Engine::load(&path, pinned.as_deref(), params))
                     .await??;
             tracing::info!(model_sha = %engine.model_sha, model = %engine.model_path.display(), "model loaded");
+            if settings.concurrency > settings.engine_slots {
+                tracing::warn!(
+                    "concurrency above engine_slots: extra turns wait for a free context"
+                );
+            }
             let pipeline = TurnPipeline::new(Arc::new(engine), settings.clone())?;
             Generator::Llama(Arc::new(pipeline))
         }
     };
-    if settings.concurrency > settings.engine_slots && matches!(kind, GeneratorKind::Llama) {
-        tracing::warn!("concurrency above engine_slots: extra turns wait for a free context");
-    }
-    let deps = Deps {
+    Ok(Deps {
         pool,
-        settings: settings.clone(),
+        settings,
         generator,
         worker_id: worker::new_worker_id(),
-    };
+    })
+}
+
+async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {
+    let settings = Arc::new(settings);
+    let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
+    db::migrate(&pool).await.context("migrating before start")?;
+    let deps = build_deps(settings, pool, kind, echo_delay_ms).await?;
+    worker::run(deps, shutdown_on_signal()).await;
+    Ok(())
+}
+
+/// A token cancelled on SIGTERM or SIGINT.
+fn shutdown_on_signal() -> CancellationToken {
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
@@ -219,8 +347,7 @@ async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64)
         tracing::info!("shutdown requested: finishing or releasing turns in flight");
         signals.cancel();
     });
-    worker::run(deps, shutdown).await;
-    Ok(())
+    shutdown
 }
 
 async fn wait_for_signal() {

@@ -70,14 +70,21 @@ pub struct QueueTiming {
     pub backoff_max_ms: u64,
 }
 
-/// Claims the oldest runnable turn of any free session on `lanes`.
+/// Claims the oldest runnable turn of any free session. `lanes` are tried in order, so
+/// an earlier lane (live) always wins over a later one (replay): replay never starves live.
 pub async fn claim(
     pool: &PgPool,
     owner: &str,
     lease_ms: u64,
     lanes: &[String],
 ) -> Result<Option<ClaimedTurn>> {
-    Ok(claim_batch(pool, owner, lease_ms, lanes, 1).await?.pop())
+    for lane in lanes {
+        let mut got = claim_batch(pool, owner, lease_ms, std::slice::from_ref(lane), 1).await?;
+        if let Some(turn) = got.pop() {
+            return Ok(Some(turn));
+        }
+    }
+    Ok(None)
 }
 
 /// Claims up to `max` runnable turns, each from a different session, in one statement.
@@ -307,12 +314,35 @@ pub async fn enqueue(
     message: &str,
     idempotency_key: Option<&str>,
 ) -> Result<TurnId> {
-    let id: i64 = sqlx::query_scalar("SELECT kvmem_enqueue_turn($1, $2, $3, $4, $5)")
+    enqueue_on(
+        pool,
+        session_id,
+        user_id,
+        character_id,
+        message,
+        idempotency_key,
+        "live",
+    )
+    .await
+}
+
+/// [`enqueue`] on a given lane (`live` or `replay`).
+pub async fn enqueue_on(
+    pool: &PgPool,
+    session_id: &str,
+    user_id: &str,
+    character_id: i64,
+    message: &str,
+    idempotency_key: Option<&str>,
+    lane: &str,
+) -> Result<TurnId> {
+    let id: i64 = sqlx::query_scalar("SELECT kvmem_enqueue_turn($1, $2, $3, $4, $5, $6)")
         .bind(session_id)
         .bind(user_id)
         .bind(character_id)
         .bind(message)
         .bind(idempotency_key)
+        .bind(lane)
         .fetch_one(pool)
         .await?;
     Ok(TurnId(id))

@@ -115,6 +115,7 @@ async fn finish_ok(
     match queue::complete(&deps.pool, turn, reply, &log).await {
         Ok(()) => {
             log.emit();
+            crate::metrics::global().turn(&log);
             info!(latency_ms = log.latency_ms, "completed");
             deps.generator.after_turn(deps, turn).await;
             Ok(Outcome::Done(turn.id))
@@ -141,6 +142,7 @@ async fn finish_err(deps: &Deps, turn: &ClaimedTurn, err: TurnError) -> queue::R
         .failed(&message);
     log.finish();
     log.emit();
+    crate::metrics::global().turn(&log);
     let state = match queue::fail(
         &deps.pool,
         turn,
@@ -318,6 +320,7 @@ async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
+                crate::metrics::global().reaped(reaped.len());
                 for r in &reaped {
                     warn!(turn_id = %r.turn_id, sid = %r.session_id, state = ?r.state, "reaped expired lease");
                 }

@@ -3,16 +3,20 @@
 --   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there');
 --   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there', 'req-7f3a');
 --
+-- `lane` is 'live' for backends; `kvmem replay` queues on 'replay', which workers take
+-- only when no live turn is ready.
 -- Returns the turn id. With an idempotency key, a repeated call returns the
 -- first call's turn instead of queueing another. Bad input raises SQLSTATE
 -- 22023 (invalid_parameter_value) or P0002 (unknown character) and queues nothing.
 -- Completion is announced on channel `kvmem_turn_done` (JSON payload).
+DROP FUNCTION IF EXISTS kvmem_enqueue_turn(text, text, bigint, text, text);
 CREATE OR REPLACE FUNCTION kvmem_enqueue_turn(
     session_id      text,
     user_id         text,
     character_id    bigint,
     message         text,
-    idempotency_key text DEFAULT NULL
+    idempotency_key text DEFAULT NULL,
+    lane            text DEFAULT 'live'
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -32,6 +36,9 @@ BEGIN
     END IF;
     IF user_id IS NULL OR btrim(user_id) = '' THEN
         RAISE EXCEPTION 'kvmem: user_id must not be blank' USING ERRCODE = '22023';
+    END IF;
+    IF lane IS NULL OR lane NOT IN ('live', 'replay') THEN
+        RAISE EXCEPTION 'kvmem: lane must be live or replay' USING ERRCODE = '22023';
     END IF;
     IF message IS NULL OR btrim(message) = '' THEN
         RAISE EXCEPTION 'kvmem: message must not be empty' USING ERRCODE = '22023';
@@ -79,8 +86,8 @@ BEGIN
     END IF;
 
     SELECT value::integer INTO v_attempts FROM kvmem_config WHERE key = 'max_attempts';
-    INSERT INTO turns (session_id, user_id, character_id, message, idempotency_key, max_attempts)
-    VALUES (session_id, user_id, character_id, message, idempotency_key, coalesce(v_attempts, 5))
+    INSERT INTO turns (session_id, user_id, character_id, message, idempotency_key, max_attempts, lane)
+    VALUES (session_id, user_id, character_id, message, idempotency_key, coalesce(v_attempts, 5), lane)
     ON CONFLICT DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN
@@ -91,7 +98,7 @@ BEGIN
 
     -- The new turn becomes the session's head if the session had nothing pending.
     INSERT INTO session_locks AS l (session_id, head_turn_id, head_run_at, head_lane)
-    VALUES (session_id, v_id, now(), 'live')
+    VALUES (session_id, v_id, now(), lane)
     -- Named constraint: in this function a bare `session_id` means the parameter.
     ON CONFLICT ON CONSTRAINT session_locks_pkey DO UPDATE
        SET head_turn_id = COALESCE(l.head_turn_id, EXCLUDED.head_turn_id),

@@ -1,0 +1,480 @@
+//! Seed 000's kvserver interface over HTTP: an OpenAI-compatible chat endpoint that
+//! enqueues through the same SQL path as any backend and waits for the fenced completion,
+//! plus rotate-hint, info and Prometheus metrics.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sqlx::postgres::PgListener;
+use sqlx::{PgPool, Row};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::config::Settings;
+use crate::queue::{self, QueueError, TurnId};
+use crate::snapshot::{self, Limits};
+
+/// What the server needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+    /// SHA-256 of the configured model file ("" when no model is configured).
+    pub model_sha: String,
+    done: broadcast::Sender<i64>,
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, settings: Arc<Settings>, model_sha: String) -> AppState {
+        let (done, _) = broadcast::channel(4096);
+        AppState {
+            pool,
+            settings,
+            model_sha,
+            done,
+        }
+    }
+}
+
+/// The routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/rotate-hint", get(rotate_hint))
+        .route("/v1/info", get(info))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+/// Serves until `shutdown`, with the completion listener running beside it.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tokio::spawn(listen_done(
+        state.pool.clone(),
+        state.done.clone(),
+        shutdown.clone(),
+    ));
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+/// Forwards `kvmem_turn_done` notifications to waiting requests.
+async fn listen_done(pool: PgPool, done: broadcast::Sender<i64>, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        let result: Result<(), sqlx::Error> = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(queue::TURN_DONE_CHANNEL).await?;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    n = listener.recv() => {
+                        let n = n?;
+                        let id = serde_json::from_str::<Value>(n.payload())
+                            .ok()
+                            .and_then(|v| v["turn_id"].as_i64());
+                        if let Some(id) = id {
+                            let _ = done.send(id);
+                        }
+                    }
+                }
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            // Waiters also poll their row, so nothing is lost while we reconnect.
+            warn!(error = %e, "completion listener lost; reconnecting");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// An error response in OpenAI's shape.
+struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    extra: Value,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            extra: Value::Null,
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = json!({ "message": self.message, "type": self.kind });
+        if let Value::Object(extra) = self.extra {
+            error.as_object_mut().expect("object").extend(extra);
+        }
+        (self.status, Json(json!({ "error": error }))).into_response()
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> ApiError {
+        if let QueueError::Db(sqlx::Error::Database(d)) = &e {
+            match d.code().as_deref() {
+                Some("22023") | Some("22021") | Some("22P05") => {
+                    return ApiError::bad_request(d.message())
+                }
+                Some("P0002") => {
+                    return ApiError::new(StatusCode::NOT_FOUND, "not_found_error", d.message())
+                }
+                _ => {}
+            }
+        }
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        ApiError::from(QueueError::Db(e))
+    }
+}
+
+#[derive(Deserialize)]
+struct ChatRequest {
+    #[serde(default)]
+    model: Option<String>,
+    messages: Vec<ChatMessage>,
+    /// OpenAI's end-user field: kvmem's user id.
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    character_id: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Value,
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// `POST /v1/chat/completions`. kvmem keeps the dialogue itself, so only the last user
+/// message is taken; earlier messages in the request are ignored.
+async fn chat(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let text = std::str::from_utf8(&body)
+        .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
+    let req: ChatRequest = serde_json::from_str(text)
+        .map_err(|e| ApiError::bad_request(format!("invalid request JSON: {e}")))?;
+    let session = req
+        .session_id
+        .or_else(|| header(&headers, "x-session-id"))
+        .ok_or_else(|| {
+            ApiError::bad_request("missing session id (body `session_id` or header X-Session-Id)")
+        })?;
+    let user = req
+        .user
+        .or_else(|| header(&headers, "x-user-id"))
+        .ok_or_else(|| {
+            ApiError::bad_request("missing user id (body `user` or header X-User-Id)")
+        })?;
+    let character = match req.character_id {
+        Some(c) => c,
+        None => header(&headers, "x-character-id")
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "missing character id (body `character_id` or header X-Character-Id)",
+                )
+            })?
+            .parse()
+            .map_err(|_| ApiError::bad_request("X-Character-Id must be an integer"))?,
+    };
+    let last = req
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == "user")
+        .ok_or_else(|| ApiError::bad_request("no user message in `messages`"))?;
+    let message = last
+        .content
+        .as_str()
+        .ok_or_else(|| ApiError::bad_request("message content must be a string"))?;
+    let timeout = header(&headers, "x-timeout-ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(state.settings.http_timeout_ms);
+    let key = header(&headers, "idempotency-key");
+
+    // Subscribe before enqueueing, so a fast completion cannot slip past us.
+    let mut done = state.done.subscribe();
+    let id = queue::enqueue(
+        &state.pool,
+        &session,
+        &user,
+        character,
+        message,
+        key.as_deref(),
+    )
+    .await?;
+    wait_done(&state.pool, &mut done, id, Duration::from_millis(timeout)).await?;
+    respond(&state, id, req.model).await
+}
+
+async fn turn_state(pool: &PgPool, id: TurnId) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar("SELECT state::text FROM turns WHERE id = $1")
+        .bind(id.0)
+        .fetch_one(pool)
+        .await
+}
+
+async fn wait_done(
+    pool: &PgPool,
+    done: &mut broadcast::Receiver<i64>,
+    id: TurnId,
+    timeout: Duration,
+) -> Result<(), ApiError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let state = turn_state(pool, id).await?;
+        if matches!(state.as_str(), "done" | "failed" | "dead") {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            let mut e = ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                format!(
+                    "turn {id} did not finish within {} ms; it stays queued",
+                    timeout.as_millis()
+                ),
+            );
+            e.extra = json!({ "turn_id": id.0, "state": state });
+            return Err(e);
+        }
+        // The notification is the fast path; the row check on each wake-up is the truth.
+        let nap = left.min(Duration::from_millis(500));
+        let _ = tokio::time::timeout(nap, async {
+            loop {
+                match done.recv().await {
+                    Ok(t) if t == id.0 => return,
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        tokio::time::sleep(nap).await;
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
+    }
+}
+
+async fn respond(
+    state: &AppState,
+    id: TurnId,
+    model: Option<String>,
+) -> Result<Response, ApiError> {
+    let row = sqlx::query(
+        "SELECT t.session_id, t.state::text AS state, t.reply, t.error, t.attempts,
+                extract(epoch FROM t.created_at)::bigint AS created,
+                l.u_tokens, l.r_tokens, l.cold, l.digest_injected, l.tokens_in_kv, l.digest_version
+           FROM turns t
+           LEFT JOIN LATERAL (SELECT * FROM turn_log WHERE turn_id = t.id ORDER BY id DESC LIMIT 1) l ON true
+          WHERE t.id = $1",
+    )
+    .bind(id.0)
+    .fetch_one(&state.pool)
+    .await?;
+    let turn_state: String = row.try_get("state")?;
+    let error: Option<String> = row.try_get("error")?;
+    match turn_state.as_str() {
+        "failed" => {
+            let mut e = ApiError::bad_request(error.unwrap_or_default());
+            e.extra = json!({ "turn_id": id.0 });
+            return Err(e);
+        }
+        "dead" => {
+            let mut e = ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                format!(
+                    "turn failed after {} attempts: {}",
+                    row.try_get::<i32, _>("attempts")?,
+                    error.unwrap_or_default()
+                ),
+            );
+            e.extra = json!({ "turn_id": id.0 });
+            return Err(e);
+        }
+        _ => {}
+    }
+    let (u, r): (Option<i32>, Option<i32>) = (row.try_get("u_tokens")?, row.try_get("r_tokens")?);
+    let (u, r) = (u.unwrap_or(0), r.unwrap_or(0));
+    let body = json!({
+        "id": format!("chatcmpl-{}", id.0),
+        "object": "chat.completion",
+        "created": row.try_get::<i64, _>("created")?,
+        "model": model.unwrap_or_else(|| "kvmem".into()),
+        "system_fingerprint": format!("kvmem-{}", &state.model_sha[..state.model_sha.len().min(12)]),
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": row.try_get::<Option<String>, _>("reply")?.unwrap_or_default() },
+            "finish_reason": "stop",
+        }],
+        "usage": { "prompt_tokens": u, "completion_tokens": r, "total_tokens": u + r },
+        "kvmem": {
+            "turn_id": id.0,
+            "session_id": row.try_get::<String, _>("session_id")?,
+            "cold": row.try_get::<Option<bool>, _>("cold")?,
+            "digest_injected": row.try_get::<Option<bool>, _>("digest_injected")?,
+            "digest_version": row.try_get::<Option<String>, _>("digest_version")?,
+            "tokens_in_kv": row.try_get::<Option<i32>, _>("tokens_in_kv")?,
+        },
+    });
+    Ok(Json(body).into_response())
+}
+
+#[derive(Deserialize)]
+struct HintQuery {
+    sid: Option<String>,
+}
+
+/// `GET /v1/rotate-hint?sid=…`: how full the session's KV is and whether the next turn prunes.
+async fn rotate_hint(
+    State(state): State<AppState>,
+    Query(q): Query<HintQuery>,
+) -> Result<Response, ApiError> {
+    let sid = q
+        .sid
+        .filter(|s| !s.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing query parameter sid"))?;
+    let owner: Option<(String, i64)> = sqlx::query_as(
+        "SELECT user_id, character_id FROM turns WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(&sid)
+    .fetch_optional(&state.pool)
+    .await?;
+    let Some((user, character)) = owner else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            format!("unknown session {sid}"),
+        ));
+    };
+    let s = &state.settings;
+    let path = snapshot::SnapshotStore::new(&s.kv_dir, Limits::LOOSE)
+        .path(&snapshot::scope_key(&user, character, &sid));
+    let header = std::fs::read(&path).ok().and_then(|bytes| {
+        snapshot::parse_header(&bytes, Limits::LOOSE)
+            .ok()
+            .map(|(h, _)| h)
+    });
+    let tokens = header.as_ref().map_or(0, |h| h.tokens);
+    let last_user: Option<i32> = sqlx::query_scalar(
+        "SELECT u_tokens FROM turn_log WHERE sid = $1 AND status = 'OK' ORDER BY id DESC LIMIT 1",
+    )
+    .bind(&sid)
+    .fetch_optional(&state.pool)
+    .await?;
+    // A next turn adds its user message and reply; the HUD is removed again.
+    let next_turn = last_user.unwrap_or(32).max(0) as u32 + s.reply_max_tokens;
+    let digest: Option<(String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT digest_version, updated_at FROM state_digest WHERE session_id = $1")
+            .bind(&sid)
+            .fetch_optional(&state.pool)
+            .await?;
+    let last_injected: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT max(finished_at) FROM turn_log WHERE sid = $1 AND digest_injected AND status = 'OK'",
+    )
+    .bind(&sid)
+    .fetch_one(&state.pool)
+    .await?;
+    Ok(Json(json!({
+        "sid": sid,
+        "snapshot": header.is_some(),
+        "tokens_in_kv": tokens,
+        "kv_tail_tokens": s.kv_tail_tokens,
+        "next_turn_tokens_estimate": next_turn,
+        "will_prune": header.is_some() && tokens + next_turn > s.kv_tail_tokens,
+        "digest_version": digest.as_ref().map(|d| d.0.clone()),
+        "kv_digest_version": header.as_ref().map(|h| h.digest_version.clone()),
+        "digest_changed_since_kv": match (&digest, &header) {
+            (Some(d), Some(h)) => d.0 != h.digest_version,
+            _ => true,
+        },
+        "digest_last_injected_at": last_injected,
+    }))
+    .into_response())
+}
+
+/// `GET /v1/info`: the system fingerprint and effective configuration (no secrets).
+async fn info(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let s = &state.settings;
+    let bpt: Option<i32> =
+        sqlx::query_scalar("SELECT bpt FROM turn_log WHERE bpt > 0 ORDER BY id DESC LIMIT 1")
+            .fetch_optional(&state.pool)
+            .await?;
+    let mut config = serde_json::to_value(s.as_ref()).unwrap_or(Value::Null);
+    if let Some(obj) = config.as_object_mut() {
+        obj.remove("database_url");
+    }
+    Ok(Json(json!({
+        "service": "kvmem",
+        "version": env!("CARGO_PKG_VERSION"),
+        "model_sha": state.model_sha,
+        "model_path": s.model_path,
+        "llama_build": crate::engine::LLAMA_BUILD,
+        "snapshot_format": format!("{} v{}", snapshot::MAGIC, snapshot::FORMAT_VERSION),
+        "kv_type_k": s.kv_type.as_str(),
+        "kv_type_v": s.kv_type.as_str(),
+        "bpt": bpt,
+        "config": config,
+    }))
+    .into_response())
+}
+
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let text = crate::metrics::global().render(&state.pool).await?;
+    Ok((
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}

@@ -1,0 +1,153 @@
+//! Prometheus metrics. Counters and histograms are observed in-process as turns finish;
+//! queue depth is read from Postgres at scrape time, so it is the same from any process.
+
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use sqlx::PgPool;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    state: String,
+    lane: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartLabel {
+    start: String,
+}
+
+/// This process's metrics.
+pub struct Metrics {
+    registry: Registry,
+    turns: Family<StatusLabel, Counter>,
+    starts: Family<StartLabel, Counter>,
+    latency_ms: Histogram,
+    kv_bytes: Gauge,
+    kv_bytes_saved: Counter,
+    digest_rebuilds: Counter,
+    reaped: Counter,
+    queue_depth: Family<QueueLabel, Gauge>,
+}
+
+/// The process-wide metrics.
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("kvmem");
+        let m = Metrics {
+            turns: Family::default(),
+            starts: Family::default(),
+            latency_ms: Histogram::new(exponential_buckets(5.0, 2.0, 14)),
+            kv_bytes: Gauge::default(),
+            kv_bytes_saved: Counter::default(),
+            digest_rebuilds: Counter::default(),
+            reaped: Counter::default(),
+            queue_depth: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "turns",
+            "Turn attempts finished, by status (OK, ERROR)",
+            m.turns.clone(),
+        );
+        registry.register(
+            "turn_starts",
+            "Successful turns by start (warm, cold)",
+            m.starts.clone(),
+        );
+        registry.register(
+            "turn_latency_ms",
+            "Turn latency in milliseconds",
+            m.latency_ms.clone(),
+        );
+        registry.register(
+            "kv_bytes",
+            "KV state bytes of the last saved snapshot",
+            m.kv_bytes.clone(),
+        );
+        registry.register(
+            "kv_bytes_saved",
+            "KV state bytes saved to snapshots",
+            m.kv_bytes_saved.clone(),
+        );
+        registry.register(
+            "digest_rebuilds",
+            "Digest rebuilds that changed the version",
+            m.digest_rebuilds.clone(),
+        );
+        registry.register(
+            "reaper_requeued",
+            "Turns the reaper took back from expired leases",
+            m.reaped.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Turns by state and lane, read from Postgres at scrape",
+            m.queue_depth.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// A finished attempt, as logged.
+    pub fn turn(&self, log: &crate::kvlog::KvLog) {
+        self.turns
+            .get_or_create(&StatusLabel {
+                status: log.status.to_string(),
+            })
+            .inc();
+        if log.status != "OK" {
+            return;
+        }
+        self.latency_ms.observe(log.latency_ms as f64);
+        let start = if log.cold { "cold" } else { "warm" };
+        self.starts
+            .get_or_create(&StartLabel {
+                start: start.into(),
+            })
+            .inc();
+        if log.kv_bytes > 0 {
+            self.kv_bytes.set(log.kv_bytes as i64);
+            self.kv_bytes_saved.inc_by(log.kv_bytes);
+        }
+    }
+
+    pub fn digest_rebuilt(&self) {
+        self.digest_rebuilds.inc();
+    }
+
+    pub fn reaped(&self, n: usize) {
+        self.reaped.inc_by(n as u64);
+    }
+
+    /// Refreshes the queue gauges from Postgres and renders the text exposition format.
+    pub async fn render(&self, pool: &PgPool) -> Result<String, sqlx::Error> {
+        let rows: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT state::text, lane, turns FROM kvmem_queue_stats")
+                .fetch_all(pool)
+                .await?;
+        for (state, lane, n) in rows {
+            self.queue_depth
+                .get_or_create(&QueueLabel { state, lane })
+                .set(n);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .map_err(|e| sqlx::Error::Protocol(format!("metrics encoding: {e}")))?;
+        Ok(out)
+    }
+}
