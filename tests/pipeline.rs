@@ -81,7 +81,25 @@ async fn corrupt_snapshots_are_quarantined_and_the_turn_runs_cold(pool: PgPool) 
     one_turn(&deps, "s", "u1", ch, "hello").await;
     let good = std::fs::read(&path).unwrap();
     let header_len = good.windows(2).position(|w| w == b"\n\n").unwrap() + 2;
+    let crc_line = find(&good, b"\ncrc32c=") + 9;
+    let tokens_end = header_len + 4 * token_count(&good);
     let damage: Vec<(&str, Vec<u8>)> = vec![
+        ("flipped CRC digit", {
+            let mut b = good.clone();
+            b[crc_line] = if b[crc_line] == b'1' { b'2' } else { b'1' };
+            b
+        }),
+        ("truncated at header end", good[..header_len].to_vec()),
+        ("truncated after token ids", good[..tokens_end].to_vec()),
+        ("truncated one byte short", good[..good.len() - 1].to_vec()),
+        (
+            "header claims 2^40 bytes",
+            forge_header(&good, "bytes", &(1u64 << 40).to_string()),
+        ),
+        (
+            "header claims 2^40 stored bytes",
+            forge_header(&good, "stored_bytes", &(1u64 << 40).to_string()),
+        ),
         ("flipped payload byte", {
             let mut b = good.clone();
             let n = b.len() - 10;
@@ -131,7 +149,127 @@ async fn corrupt_snapshots_are_quarantined_and_the_turn_runs_cold(pool: PgPool) 
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert_eq!(events, 6);
+    assert_eq!(events, 12);
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("needle")
+}
+
+fn token_count(file: &[u8]) -> usize {
+    let (h, _) = snapshot::parse_header(file, Limits::LOOSE).unwrap();
+    h.tokens as usize
+}
+
+/// Rewrites one header field and re-seals the header CRC, so only the parser's own
+/// checks (limits, lengths) can catch the lie.
+fn forge_header(file: &[u8], key: &str, value: &str) -> Vec<u8> {
+    let end = find(file, b"\n\n") + 2;
+    let head = std::str::from_utf8(&file[..end]).unwrap();
+    let mut lines: Vec<String> = head.lines().map(str::to_string).collect();
+    for l in &mut lines {
+        if l.starts_with(&format!("{key}=")) {
+            *l = format!("{key}={value}");
+        }
+    }
+    lines.retain(|l| !l.is_empty() && !l.starts_with("header_crc32c="));
+    let mut text = lines.join("\n");
+    text.push('\n');
+    let crc = crc32c::crc32c(text.as_bytes());
+    text.push_str(&format!("header_crc32c={crc}\n\n"));
+    let mut out = text.into_bytes();
+    out.extend_from_slice(&file[end..]);
+    out
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_snapshot_from_another_kv_type_is_quarantined_and_the_turn_runs_cold(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s32 = scene_settings(dir.path(), serde_json::json!({ "kv_type": "f32" }));
+    let a = llama_deps(&pool, s32.clone(), load_engine(&tiny_model(), &s32), "w32");
+    one_turn(&a, "s", "u1", ch, "saved as f32").await;
+    drop(a);
+    let s16 = scene_settings(dir.path(), serde_json::json!({}));
+    let b = llama_deps(&pool, s16.clone(), load_engine(&tiny_model(), &s16), "w16");
+    let (_, log) = one_turn(&b, "s", "u1", ch, "read as f16").await;
+    assert!(log.cold && log.status == "OK");
+    assert!(log.cold_reason.unwrap().contains("KV type f32/f32 != f16"));
+    assert_eq!(files_with_ext(dir.path(), ".bad").len(), 1);
+    let (_, log) = one_turn(&b, "s", "u1", ch, "warm again").await;
+    assert!(log.loaded && !log.cold);
+}
+
+#[sqlx::test(migrations = false)]
+async fn users_sharing_a_character_name_never_share_memory(pool: PgPool) {
+    migrate(&pool).await;
+    let ada_a = character(&pool, "alice", "Ada").await;
+    let ada_b = character(&pool, "bob", "Ada").await;
+    sqlx::query("UPDATE user_characters SET wallet = 9 WHERE id = $1")
+        .bind(ada_b)
+        .execute(&pool)
+        .await
+        .unwrap();
+    fact(&pool, "alice-s", "conflict", "war", "Alice's secret war").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({}));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w");
+    let (_, a1) = one_turn(&deps, "alice-s", "alice", ada_a, "hello").await;
+    let (_, b1) = one_turn(&deps, "bob-s", "bob", ada_b, "hello").await;
+    assert!(
+        a1.digest_injected && !b1.digest_injected,
+        "bob has no facts to inject"
+    );
+    assert_ne!(a1.digest_version, b1.digest_version);
+    let bob_digest: String =
+        sqlx::query_scalar("SELECT digest_content FROM state_digest WHERE session_id = 'bob-s'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(bob_digest.is_empty());
+    // Each has a snapshot of their own; bob's KV holds none of alice's text.
+    let bob_file = dir.path().join(format!(
+        "{}.llkv",
+        snapshot::scope_key("bob", ada_b, "bob-s")
+    ));
+    let snap = snapshot::decode(&std::fs::read(&bob_file).unwrap(), Limits::LOOSE).unwrap();
+    let ids: Vec<_> = snap
+        .token_ids
+        .iter()
+        .map(|&t| llama_cpp_2::token::LlamaToken(t))
+        .collect();
+    assert!(!engine.detokenize(&ids).contains("secret war"));
+    assert_ne!(
+        snapshot::scope_key("alice", ada_a, "alice-s"),
+        snapshot::scope_key("bob", ada_b, "bob-s")
+    );
+    // The HUD is scoped by user: bob's character id under alice's name gives nothing.
+    assert!(kvmem::hud::fetch(&pool, ada_b, "alice")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        kvmem::hud::fetch(&pool, ada_b, "bob")
+            .await
+            .unwrap()
+            .unwrap()
+            .wallet,
+        9
+    );
+    // Bob cannot write into alice's session, even knowing its id.
+    let err = kvmem::queue::enqueue(&pool, "alice-s", "bob", ada_b, "let me in", None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("belongs to another user"), "{err}");
+    // Nor use alice's character.
+    let err = kvmem::queue::enqueue(&pool, "bob-2", "bob", ada_a, "borrow", None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown character"), "{err}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -151,9 +289,10 @@ async fn another_model_means_one_cold_start_then_warm(pool: PgPool) {
     assert!(log.cold_reason.unwrap().contains("model_sha"));
     let (_, log) = one_turn(&b, "s", "u1", ch, "four").await;
     assert!(log.loaded && !log.cold);
-    assert!(
-        files_with_ext(dir.path(), ".bad").is_empty(),
-        "a foreign model's snapshot is valid, not corrupt"
+    assert_eq!(
+        files_with_ext(dir.path(), ".bad").len(),
+        1,
+        "the foreign model's snapshot is kept aside"
     );
 }
 

@@ -62,6 +62,14 @@ async fn install_replaceable(pool: &PgPool) -> Result<(), DbError> {
         file: "transaction",
         source,
     })?;
+    // Workers starting together would otherwise race on DROP/CREATE of the same objects.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('kvmem:install_replaceable'))")
+        .execute(&mut *tx)
+        .await
+        .map_err(|source| DbError::Install {
+            file: "advisory lock",
+            source,
+        })?;
     for (file, sql) in REPLACEABLE_SQL {
         sqlx::raw_sql(sql)
             .execute(&mut *tx)

@@ -122,8 +122,18 @@ impl Generator {
         tasks: &mut JoinSet<()>,
         shutdown: CancellationToken,
     ) {
-        if let Generator::Llama(pipeline) = self {
-            pipeline.spawn_background(deps, tasks, shutdown);
+        match self {
+            Generator::Llama(pipeline) => pipeline.spawn_background(deps, tasks, shutdown),
+            // Digests are a database feature: they stay fresh whatever the generator is.
+            Generator::Echo { .. } => {
+                tasks.spawn(crate::digest::run_rebuilder(
+                    deps.pool.clone(),
+                    Arc::new(crate::tokens::WordCount),
+                    deps.settings.digest_max_tokens as usize,
+                    Duration::from_millis(deps.settings.poll_ms.max(100)),
+                    shutdown,
+                ));
+            }
         }
     }
 

@@ -494,9 +494,37 @@ impl TurnPipeline {
             }
             Loaded::Found(snap) => snap,
         };
+        if let Some(reason) = self.foreign(&snap.header) {
+            // Valid, but made for another model, KV type, format or llama.cpp build: kept
+            // aside for inspection, and the session starts over on this engine.
+            let quarantined = self.store.quarantine(scope);
+            info!(%reason, quarantined = ?quarantined, "snapshot header mismatch; cold start");
+            event(
+                &deps.pool,
+                turn,
+                "snapshot_quarantined",
+                serde_json::json!({ "error": format!("header mismatch: {reason}"), "file": quarantined }),
+            )
+            .await;
+            return (None, Some(format!("header mismatch: {reason}")));
+        }
+        if Some(snap.header.turn_id) != last_done {
+            // Normal after a crash between save and commit: the file is fine, just not current.
+            let reason = format!(
+                "stale: snapshot holds turn {}, last done turn is {:?}",
+                snap.header.turn_id, last_done
+            );
+            info!(%reason, "snapshot is not current; cold start");
+            return (None, Some(reason));
+        }
+        (Some(snap), None)
+    }
+
+    /// Why a verified snapshot cannot be restored into this engine, if it cannot.
+    fn foreign(&self, h: &Header) -> Option<String> {
         let engine = self.engine();
-        let h = &snap.header;
-        let mismatch = if h.format_version != snapshot::FORMAT_VERSION {
+        let kv = self.settings.kv_type.as_str();
+        if h.format_version != snapshot::FORMAT_VERSION {
             Some(format!(
                 "format version {} != {}",
                 h.format_version,
@@ -508,34 +536,15 @@ impl TurnPipeline {
                 short(&h.model_sha),
                 short(&engine.model_sha)
             ))
-        } else if h.type_k != self.settings.kv_type.as_str()
-            || h.type_v != self.settings.kv_type.as_str()
-        {
-            Some(format!(
-                "KV type {}/{} != {}",
-                h.type_k,
-                h.type_v,
-                self.settings.kv_type.as_str()
-            ))
+        } else if h.type_k != kv || h.type_v != kv {
+            Some(format!("KV type {}/{} != {kv}", h.type_k, h.type_v))
         } else if h.llama_build != LLAMA_BUILD {
             Some(format!(
-                "llama.cpp build {} != {}",
-                h.llama_build, LLAMA_BUILD
-            ))
-        } else if Some(h.turn_id) != last_done {
-            Some(format!(
-                "stale: snapshot holds turn {}, last done turn is {:?}",
-                h.turn_id, last_done
+                "llama.cpp build {} != {LLAMA_BUILD}",
+                h.llama_build
             ))
         } else {
             None
-        };
-        match mismatch {
-            Some(reason) => {
-                info!(%reason, "snapshot header mismatch; cold start");
-                (None, Some(format!("header mismatch: {reason}")))
-            }
-            None => (Some(snap), None),
         }
     }
 

@@ -468,7 +468,7 @@ impl SnapshotStore {
                 value: len,
                 limit: max_len,
             };
-            return self.quarantine(&path, error);
+            return self.quarantine_corrupt(&path, error);
         }
         let bytes = match fs::read(&path) {
             Ok(b) => b,
@@ -476,23 +476,25 @@ impl SnapshotStore {
             Err(e) => return Loaded::Unreadable(e.to_string()),
         };
         match decode(&bytes, self.limits) {
-            Ok(snap) if snap.header.scope != scope => self.quarantine(
+            Ok(snap) if snap.header.scope != scope => self.quarantine_corrupt(
                 &path,
                 SnapshotError::Malformed("snapshot belongs to another scope".into()),
             ),
             Ok(snap) => Loaded::Found(Box::new(snap)),
-            Err(error) => self.quarantine(&path, error),
+            Err(error) => self.quarantine_corrupt(&path, error),
         }
     }
 
-    fn quarantine(&self, path: &Path, error: SnapshotError) -> Loaded {
-        let stamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        let bad = path.with_extension(format!("{stamp}.bad"));
-        let quarantined = fs::rename(path, &bad).ok().map(|_| bad);
-        Loaded::Corrupt { error, quarantined }
+    fn quarantine_corrupt(&self, path: &Path, error: SnapshotError) -> Loaded {
+        Loaded::Corrupt {
+            error,
+            quarantined: quarantine_path(path),
+        }
+    }
+
+    /// Moves a scope's snapshot aside as `<scope>.<millis>.bad`; never deletes it.
+    pub fn quarantine(&self, scope: &str) -> Option<PathBuf> {
+        quarantine_path(&self.path(scope))
     }
 
     /// Writes tmp → fsync → rename → fsync(dir). Returns the file size.
@@ -522,6 +524,15 @@ impl SnapshotStore {
             _ => Ok(()),
         }
     }
+}
+
+fn quarantine_path(path: &Path) -> Option<PathBuf> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let bad = path.with_extension(format!("{stamp}.bad"));
+    fs::rename(path, &bad).ok().map(|_| bad)
 }
 
 /// The file-name-safe key for a session's scope: the same session id under another user

@@ -7,8 +7,12 @@ use crate::config::{LogFormat, Settings};
 
 /// Installs the global subscriber. `RUST_LOG` overrides the configured level.
 pub fn init(settings: &Settings) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{},llama_cpp_2=warn", settings.log_level)));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{},llama_cpp_2=warn,sqlx::postgres::notice=warn",
+            settings.log_level
+        ))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -1,0 +1,247 @@
+//! Postgres restarts under load: workers reconnect with backoff, LISTEN comes back, the
+//! dirty-marker rescan runs, and no turn or digest rebuild is lost or doubled. Uses a
+//! cluster of its own (ops/pg), because restarting the shared test cluster would break
+//! the other suites running beside it.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::tiny_model;
+use sqlx::PgPool;
+
+const PG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ops/pg");
+
+struct Cluster {
+    dir: String,
+    port: String,
+    url: String,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = format!("/tmp/kvmem-pg-restart-{}", std::process::id());
+        let port = (55000 + std::process::id() % 1000).to_string();
+        let out = Command::new(PG)
+            .arg("start")
+            .env_remove("DATABASE_URL")
+            .env("KVMEM_PG_DIR", &dir)
+            .env("KVMEM_PG_PORT", &port)
+            .output()
+            .expect("ops/pg start");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let url = text
+            .trim()
+            .trim_start_matches("export DATABASE_URL='")
+            .trim_end_matches('\'')
+            .to_string();
+        Cluster { dir, port, url }
+    }
+
+    fn restart(&self) {
+        let out = Command::new(PG)
+            .arg("restart")
+            .env("KVMEM_PG_DIR", &self.dir)
+            .env("KVMEM_PG_PORT", &self.port)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(PG)
+            .arg("stop")
+            .env("KVMEM_PG_DIR", &self.dir)
+            .env("KVMEM_PG_PORT", &self.port)
+            .output();
+    }
+}
+
+struct Workers(Vec<Child>);
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+}
+
+fn worker(url: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_kvmem"))
+        .args([
+            "worker",
+            "--generator",
+            "echo",
+            "--concurrency",
+            "2",
+            "--echo-delay-ms",
+            "5",
+        ])
+        .env("DATABASE_URL", url)
+        .env(
+            "KVMEM_CONFIG_DIR",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+        )
+        .env("KVMEM_ENV", "test")
+        .env("KVMEM_MODEL_PATH", tiny_model())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Retries through the outage: the backend's view of a restart.
+async fn until_ok<T, F, Fut>(mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "gave up: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn write_fact(pool: &PgPool, sid: &str, step: usize) {
+    until_ok(|| async {
+        sqlx::query(
+            "INSERT INTO facts (session_id, type, key, value) VALUES ($1, 'quest', 'q', $2)
+             ON CONFLICT (session_id, type, key) DO UPDATE SET value = EXCLUDED.value, updated_at = now()",
+        )
+        .bind(sid)
+        .bind(format!("Quest step {step}"))
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_survive_a_postgres_restart_and_lose_nothing() {
+    let cluster = Cluster::start();
+    let pool = kvmem::db::connect(&cluster.url, 4).await.unwrap();
+    kvmem::db::migrate(&pool).await.unwrap();
+    let ch: i64 = sqlx::query_scalar(
+        "INSERT INTO user_characters (user_id, name) VALUES ('u', 'Ada') RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let _workers = Workers(vec![worker(&cluster.url), worker(&cluster.url)]);
+    let (sessions, turns) = (20, 10);
+    let mut ids = Vec::new();
+    for t in 0..turns {
+        if t == turns / 2 {
+            // Mid-run: facts, then the restart, then more facts written right after it.
+            for s in 0..sessions {
+                write_fact(&pool, &format!("s{s}"), 1).await;
+            }
+            cluster.restart();
+            for s in 0..sessions / 2 {
+                write_fact(&pool, &format!("s{s}"), 2).await;
+            }
+        }
+        for s in 0..sessions {
+            let sid = format!("s{s}");
+            let key = format!("{sid}:{t}");
+            let id = until_ok(|| async {
+                kvmem::queue::enqueue(&pool, &sid, "u", ch, &format!("turn {t}"), Some(&key))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            ids.push(id.0);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done: i64 = until_ok(|| async {
+            sqlx::query_scalar("SELECT count(*) FROM turns WHERE state = 'done'")
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        if done as usize == ids.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {done} of {} turns done after the restart",
+            ids.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Exactly one reply per turn.
+    let per_turn: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT t.id, count(m.id) FROM turns t LEFT JOIN messages m ON m.turn_id = t.id AND m.role = 'assistant' GROUP BY t.id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(per_turn.len(), ids.len());
+    assert!(per_turn.iter().all(|(_, n)| *n == 1));
+    // Every digest caught up, including facts written right after the restart.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut stale = Vec::new();
+        for s in 0..sessions {
+            let sid = format!("s{s}");
+            let want = kvmem::digest::build_for(&pool, &sid, 180, &kvmem::tokens::WordCount)
+                .await
+                .unwrap();
+            let have: Option<String> =
+                sqlx::query_scalar("SELECT digest_version FROM state_digest WHERE session_id = $1")
+                    .bind(&sid)
+                    .fetch_optional(&pool)
+                    .await
+                    .unwrap();
+            if have.as_deref() != Some(want.version.as_str()) {
+                stale.push(sid);
+            }
+        }
+        if stale.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "digests never rebuilt for {stale:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let dirty: i64 = sqlx::query_scalar("SELECT count(*) FROM digest_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dirty, 0);
+    // The workers are still up.
+    let mut workers = _workers;
+    for w in &mut workers.0 {
+        assert!(
+            w.try_wait().unwrap().is_none(),
+            "a worker exited during the restart"
+        );
+    }
+}
