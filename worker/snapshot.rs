@@ -29,6 +29,11 @@ pub const FORMAT_VERSION: u32 = 1;
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// More segments than this means a corrupt table (a turn is at least a few tokens).
 const MAX_SEGMENTS: usize = 1 << 16;
+/// A real header has 17 lines; a file with many more is not one of ours.
+const MAX_HEADER_LINES: usize = 64;
+/// The most a zstd payload can expand: a block of at least 4 bytes gives at most 128 KiB.
+/// Bounding the output buffer by it means a tiny file can never reserve gigabytes.
+const MAX_ZSTD_RATIO: u64 = (128 * 1024) / 4;
 
 /// What a segment of the KV holds; pruning and digest tracking work on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,9 +240,13 @@ pub fn decode(file: &[u8], limits: Limits) -> Result<Snapshot, SnapshotError> {
         .collect();
     let state = match header.compression {
         Compression::None => payload.to_vec(),
-        // Capacity is the header's `bytes`, already checked against the limit.
-        Compression::Zstd => zstd::bulk::decompress(payload, header.bytes as usize)
-            .map_err(|e| SnapshotError::Decompress(e.to_string()))?,
+        // Capacity: the header's `bytes` (checked against the limit), but never more than
+        // this payload could possibly produce.
+        Compression::Zstd => {
+            let capacity = header.bytes.min(payload.len() as u64 * MAX_ZSTD_RATIO);
+            zstd::bulk::decompress(payload, capacity as usize)
+                .map_err(|e| SnapshotError::Decompress(e.to_string()))?
+        }
     };
     if state.len() as u64 != header.bytes {
         return Err(SnapshotError::Decompress(format!(
@@ -293,11 +302,16 @@ struct Fields<'a>(Vec<(&'a str, &'a str)>);
 impl<'a> Fields<'a> {
     fn parse(text: &'a str) -> Result<Fields<'a>, SnapshotError> {
         let mut pairs: Vec<(&str, &str)> = Vec::new();
-        for line in text.lines() {
+        let mut seen = std::collections::HashSet::new();
+        // Only '\n' ends a line: `str::lines` would also eat a '\r' that is part of a value.
+        for line in text.split_terminator('\n') {
+            if pairs.len() >= MAX_HEADER_LINES {
+                return Err(SnapshotError::Malformed("too many header lines".into()));
+            }
             let (k, v) = line
                 .split_once('=')
                 .ok_or_else(|| SnapshotError::Malformed(format!("line without '=': {line:.40}")))?;
-            if pairs.iter().any(|(seen, _)| *seen == k) {
+            if !seen.insert(k) {
                 return Err(SnapshotError::Malformed(format!("duplicate key {k:.40}")));
             }
             pairs.push((k, v));
