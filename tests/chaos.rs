@@ -6,9 +6,12 @@
 //!   mid-claim, mid-generation and mid-completion), 90 sessions × 20 turns, 30 kills at
 //!   random moments 80–400 ms apart (the work lasts about as long as the killing).
 //! - `chaos_llama` (CI): 2 llama workers on the tiny model sharing one KV directory,
-//!   10 sessions × 6 turns, 6 timed kills plus kills aimed at snapshot writes (a worker
-//!   is killed when its `.<scope>.<pid>.tmp` file appears). Afterwards every `.llkv` must
-//!   decode, and one more turn per session must succeed on a fresh worker.
+//!   10 sessions × 6 turns, 6 timed kills plus aimed ones (up to 4 of each kind): a worker
+//!   is killed while its `.<scope>.<pid>.tmp` snapshot file is there (mid-write), or just
+//!   after that file was renamed to `.llkv` (between the save and the completion's commit,
+//!   so the next attempt finds a stale snapshot). Afterwards every `.llkv` must decode and
+//!   hold its session's last turn, and one more turn per session must succeed on a fresh
+//!   worker.
 //! - `KVMEM_CHAOS_LONG=1` (what `ops/chaos` runs) scales both up: echo 6 workers,
 //!   200 sessions × 50 turns, 200 kills; llama 3 workers, 30 sessions × 20 turns, 40 timed
 //!   kills plus up to 15 snapshot kills.
@@ -19,16 +22,16 @@
 //! before the workers start (every worker always has work, so kills land on turns in
 //! flight); trickle sessions get one turn per round while the killing goes on, so their
 //! queues run dry and refill and enqueues race with completions and reaps on the session's
-//! head pointer. `max_attempts` is raised to 100
-//! first: the checks are about loss and duplication, not retry limits.
+//! head pointer. `max_attempts` is raised to 100 first: the checks are about loss and
+//! duplication, not retry limits.
 //!
 //! What is checked, against the database, once every turn is final and the workers are
 //! stopped with SIGTERM:
 //! - every turn is `done`, with the messages enqueued, in enqueue order;
 //! - exactly once: per turn one `user` and one `assistant` row in `messages` holding the
-//!   message and the reply, one `turn_log` row with status OK (from the attempt the turn
-//!   counts as its last), `messages` has exactly two rows per turn; echo replies are
-//!   `echo: <message>`;
+//!   message and the reply, one `turn_log` row with status OK whose attempt is the turn's
+//!   last counted attempt (nothing claimed it after it succeeded), `messages` has exactly
+//!   two rows per turn; echo replies are `echo: <message>`;
 //! - order: per session, OK `turn_log` rows by `started_at`, and assistant rows by
 //!   `messages.id` (commit order), have increasing turn ids;
 //! - no overlap: per session, each successful attempt starts after the previous one's
@@ -41,7 +44,10 @@
 //!   ~250 ms a sampler checks, in one snapshot, that each running turn holds its session's
 //!   lease, that no lease is held without a running turn, and that every free session
 //!   points at its oldest queued turn (a session that does not is a lost turn);
-//! - no worker exits by itself, and each exits cleanly on SIGTERM.
+//! - no worker exits by itself (each unexpected exit is reported with its log and the
+//!   worker restarted, so the run goes on), and each exits cleanly on SIGTERM (one just
+//!   restarted may still be starting and die of the signal itself: counted, see
+//!   `Fleet::stop`).
 //!
 //! "Kills with a running turn" counts kills after which the database still showed a
 //! running turn whose `worker_id` (`host:pid:hex`) has the killed process's pid.
@@ -51,6 +57,7 @@ mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,6 +67,8 @@ use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
+
+const SIGTERM: i32 = 15;
 
 /// The two tests load the machine fully; they run one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -211,7 +220,12 @@ impl Fleet {
     }
 
     /// SIGTERM to every worker, then wait for each to exit. Returns complaints.
-    async fn stop(&mut self, grace: Duration) -> Vec<String> {
+    ///
+    /// A worker that dies *of* the signal got it before it installed its handler (the
+    /// worker does that once connected and migrated, and keeps it for life): it was still
+    /// starting, with nothing claimed. That is counted, not a complaint. A worker whose
+    /// handler ran must exit 0.
+    async fn stop(&mut self, grace: Duration, stats: &mut Stats) -> Vec<String> {
         let mut complaints = Vec::new();
         for child in self.slots.iter().flatten() {
             let _ = Command::new("kill")
@@ -226,7 +240,9 @@ impl Fleet {
             loop {
                 match child.try_wait() {
                     Ok(Some(status)) => {
-                        if !status.success() {
+                        if status.signal() == Some(SIGTERM) {
+                            stats.sigterm_while_starting += 1;
+                        } else if !status.success() {
                             complaints.push(format!(
                                 "worker pid {} (slot {slot}) ended with {status} on SIGTERM; log {}:\n{}",
                                 child.id(),
@@ -339,7 +355,7 @@ async fn enqueue_backlog(pool: &PgPool, plan: &Plan, owners: &[(String, i64)]) {
     }
 }
 
-/// The trickle sessions' turns, a round at a time with jittered gaps.
+/// The trickle sessions' turns, a round at a time on a jittered schedule.
 fn spawn_trickle(
     pool: &PgPool,
     plan: &Plan,
@@ -354,8 +370,11 @@ fn spawn_trickle(
     );
     tokio::spawn(async move {
         let mut rng = StdRng::seed_from_u64(seed);
+        let start = tokio::time::Instant::now();
         for t in 0..turns {
-            tokio::time::sleep(gap.mul_f64(rng.gen_range(0.5..1.5))).await;
+            // On a schedule, so slow enqueues on a loaded machine do not add up.
+            let at = start + gap.mul_f64(t as f64 + rng.gen_range(0.5..1.5));
+            tokio::time::sleep_until(at).await;
             for s in sessions.clone() {
                 enqueue(&pool, &owners, s, t).await;
             }
@@ -371,16 +390,24 @@ struct Stats {
     kills_busy: usize,
     /// Turns left running by killed workers, summed over kills.
     stranded: i64,
+    /// Kills aimed at a snapshot write in progress (its `.tmp` file was seen).
     snipes: usize,
-    /// Snipes whose `.tmp` file was still there after the process died: killed mid-write.
+    /// ... whose `.tmp` file was still there after the process died: killed mid-write.
     snipes_mid_write: usize,
+    /// Kills right after a snapshot's rename, aimed between the save and the commit.
+    post_save: usize,
+    /// ... whose turn was still running after the process died: killed before the commit.
+    post_save_before_commit: usize,
     crashes: Vec<String>,
+    /// Workers that got the final SIGTERM before installing their handler (see `Fleet::stop`).
+    sigterm_while_starting: usize,
     violations: Vec<String>,
     samples: usize,
 }
 
 impl Stats {
-    async fn record_kill(&mut self, pool: &PgPool, pid: u32) {
+    /// Counts a kill; true when the killed process left a turn running.
+    async fn record_kill(&mut self, pool: &PgPool, pid: u32) -> bool {
         self.kills += 1;
         let running: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM turns WHERE state = 'running' AND worker_id LIKE $1",
@@ -393,6 +420,7 @@ impl Stats {
             self.kills_busy += 1;
             self.stranded += running;
         }
+        running > 0
     }
 
     fn restart_crashed(&mut self, fleet: &mut Fleet) {
@@ -474,6 +502,57 @@ fn tmp_files(dir: &Path) -> Vec<(PathBuf, u32)> {
         .collect()
 }
 
+/// Kills aimed at snapshot saves: a worker whose `.tmp` file is there (mid-write), or
+/// whose watched `.tmp` file just became the `.llkv` (saved, completion not yet committed).
+async fn snipe(
+    pool: &PgPool,
+    fleet: &mut Fleet,
+    rng: &mut StdRng,
+    dir: &Path,
+    max: usize,
+    watching: &mut HashMap<PathBuf, u32>,
+    stats: &mut Stats,
+) {
+    let tmps = tmp_files(dir);
+    let renamed: Vec<(PathBuf, u32)> = watching
+        .iter()
+        .filter(|(path, _)| !tmps.iter().any(|(p, _)| p == *path))
+        .map(|(path, pid)| (path.clone(), *pid))
+        .collect();
+    for (path, pid) in renamed {
+        watching.remove(&path);
+        let Some(slot) = fleet.slot_of(pid) else {
+            continue;
+        };
+        if stats.post_save < max && rng.gen_bool(0.3) {
+            fleet.kill(slot);
+            stats.post_save += 1;
+            if stats.record_kill(pool, pid).await {
+                stats.post_save_before_commit += 1;
+            }
+            fleet.start(slot);
+            return;
+        }
+    }
+    for (path, pid) in tmps {
+        let Some(slot) = fleet.slot_of(pid) else {
+            watching.remove(&path);
+            continue; // left by a process killed earlier
+        };
+        if stats.snipes < max && rng.gen_bool(0.3) {
+            fleet.kill(slot);
+            stats.snipes += 1;
+            if path.exists() {
+                stats.snipes_mid_write += 1;
+            }
+            stats.record_kill(pool, pid).await;
+            fleet.start(slot);
+            return;
+        }
+        watching.insert(path, pid);
+    }
+}
+
 /// Kills workers until the plan's kills are done and everything is enqueued, restarting
 /// each victim at once.
 async fn chaos(
@@ -493,28 +572,12 @@ async fn chaos(
     let mut next_report = Instant::now() + Duration::from_secs(5);
     // Snapshot writes last a few ms: look often when aiming at them.
     let tick = Duration::from_millis(if plan.snipe.is_some() { 1 } else { 5 });
+    let mut watching = HashMap::new();
     while stats.timer_kills < plan.kills || !enqueuer.is_finished() {
         tokio::time::sleep(tick).await;
         stats.restart_crashed(fleet);
         if let Some((dir, max)) = &plan.snipe {
-            if stats.snipes < *max {
-                for (path, pid) in tmp_files(dir) {
-                    let Some(slot) = fleet.slot_of(pid) else {
-                        continue; // left by a process killed earlier
-                    };
-                    if !rng.gen_bool(0.3) {
-                        continue;
-                    }
-                    fleet.kill(slot);
-                    stats.snipes += 1;
-                    if path.exists() {
-                        stats.snipes_mid_write += 1;
-                    }
-                    stats.record_kill(pool, pid).await;
-                    fleet.start(slot);
-                    break;
-                }
-            }
+            snipe(pool, fleet, rng, dir, *max, &mut watching, stats).await;
         }
         if stats.timer_kills < plan.kills && Instant::now() >= next_kill {
             let slot = rng.gen_range(0..fleet.len());
@@ -532,13 +595,11 @@ async fn chaos(
         if Instant::now() >= next_report {
             let (done, pending, running) = progress(pool).await;
             println!(
-                "{}: {:>5.1}s killing: kills={} busy={} snipes={}/{} done={done} pending={pending} running={running}",
+                "{}: {:>5.1}s killing: kills={} busy={} done={done} pending={pending} running={running}",
                 plan.name,
                 started.elapsed().as_secs_f64(),
                 stats.kills,
                 stats.kills_busy,
-                stats.snipes_mid_write,
-                stats.snipes
             );
             next_report = Instant::now() + Duration::from_secs(5);
         }
@@ -607,6 +668,9 @@ struct TurnRow {
     ok_logs: i64,
     ok_attempt: Option<i32>,
 }
+
+/// An OK `turn_log` row: session, turn, started, finished, worker.
+type LogSpan = (String, i64, DateTime<Utc>, DateTime<Utc>, String);
 
 #[derive(Default)]
 struct Verdict {
@@ -751,7 +815,7 @@ async fn verify(pool: &PgPool, expected: &BTreeMap<String, Vec<String>>, echo: b
         .unwrap();
 
     // Order and overlap on successful attempts: the turn_log rows ...
-    let logs: Vec<(String, i64, DateTime<Utc>, DateTime<Utc>, String)> = sqlx::query_as(
+    let logs: Vec<LogSpan> = sqlx::query_as(
         "SELECT sid, turn_id, started_at, finished_at, worker_id FROM turn_log
           WHERE status = 'OK' ORDER BY sid, started_at, id",
     )
@@ -829,14 +893,16 @@ fn assert_clean(name: &str, v: &Verdict, stats: &Stats, stop_complaints: &[Strin
 
 fn summary(name: &str, seed: u64, stats: &Stats, v: &Verdict, started: Instant) -> String {
     format!(
-        "{name}: seed={seed} kills={} (timed={} snapshot={} mid-write={}) kills_with_running_turn={} \
+        "{name}: seed={seed} kills={} (timed={} mid-snapshot-write={}/{} after-save-before-commit={}/{}) kills_with_running_turn={} \
          turns_stranded={} turns_checked={} retried={} max_attempts={} failed_attempt_logs={} \
          duplicates={} lost={} order_violations={} overlaps={} invariant_violations={} crashes={} \
-         samples={} elapsed={:.1}s",
+         sigterm_while_starting={} samples={} elapsed={:.1}s",
         stats.kills,
         stats.timer_kills,
-        stats.snipes,
         stats.snipes_mid_write,
+        stats.snipes,
+        stats.post_save_before_commit,
+        stats.post_save,
         stats.kills_busy,
         stats.stranded,
         v.turns,
@@ -849,9 +915,27 @@ fn summary(name: &str, seed: u64, stats: &Stats, v: &Verdict, started: Instant) 
         v.overlaps.len(),
         stats.violations.len(),
         stats.crashes.len(),
+        stats.sigterm_while_starting,
         stats.samples,
         started.elapsed().as_secs_f64()
     )
+}
+
+/// Successful attempts by how they started: warm, or cold with the reason (numbers elided).
+async fn starts(pool: &PgPool, turns: Option<&[i64]>) -> BTreeMap<String, i64> {
+    sqlx::query_as::<_, (String, i64)>(
+        "SELECT CASE WHEN loaded THEN 'warm'
+                     ELSE 'cold: ' || split_part(regexp_replace(coalesce(cold_reason, '?'), '[0-9]+', 'N', 'g'), ',', 1)
+                END, count(*)
+           FROM turn_log WHERE status = 'OK' AND ($1::bigint[] IS NULL OR turn_id = ANY($1))
+          GROUP BY 1",
+    )
+    .bind(turns)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
 }
 
 async fn prepare(pool: &PgPool, users: usize) -> Vec<(String, i64)> {
@@ -906,7 +990,7 @@ async fn chaos_echo(pool: PgPool) {
     chaos(&pool, &mut fleet, &mut rng, &plan, &trickle, &mut stats).await;
     trickle.await.expect("trickle enqueuer");
     drain(&pool, &mut fleet, &plan, &mut stats).await;
-    let complaints = fleet.stop(Duration::from_secs(30)).await;
+    let complaints = fleet.stop(Duration::from_secs(30), &mut stats).await;
 
     let verdict = verify(&pool, &plan.expected(), true).await;
     println!("{}", summary(plan.name, seed, &stats, &verdict, started));
@@ -949,7 +1033,7 @@ async fn chaos_llama(pool: PgPool) {
     chaos(&pool, &mut fleet, &mut rng, &plan, &trickle, &mut stats).await;
     trickle.await.expect("trickle enqueuer");
     drain(&pool, &mut fleet, &plan, &mut stats).await;
-    let mut complaints = fleet.stop(Duration::from_secs(30)).await;
+    let mut complaints = fleet.stop(Duration::from_secs(30), &mut stats).await;
     drop(fleet);
 
     // After the storm: one more turn per session on a fresh worker, warm or cold, must succeed.
@@ -961,33 +1045,23 @@ async fn chaos_llama(pool: PgPool) {
         last_turn.insert(kvmem::snapshot::scope_key(user, *ch, &session_id(s)), id);
     }
     drain(&pool, &mut fresh, &plan, &mut stats).await;
-    complaints.extend(fresh.stop(Duration::from_secs(30)).await);
+    complaints.extend(fresh.stop(Duration::from_secs(30), &mut stats).await);
     drop(fresh);
-    let after: Vec<(bool, Option<String>)> = sqlx::query_as(
-        "SELECT l.loaded, l.cold_reason FROM turn_log l
-          WHERE l.status = 'OK' AND l.turn_id = ANY($1) ORDER BY l.turn_id",
+    let final_ids: Vec<i64> = last_turn.values().copied().collect();
+    let final_ok: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM turn_log WHERE status = 'OK' AND turn_id = ANY($1)",
     )
-    .bind(last_turn.values().copied().collect::<Vec<i64>>())
-    .fetch_all(&pool)
+    .bind(&final_ids)
+    .fetch_one(&pool)
     .await
     .unwrap();
     assert_eq!(
-        after.len(),
-        last_turn.len(),
+        final_ok,
+        final_ids.len() as i64,
         "final turns without an OK log row"
     );
-    let warm = after.iter().filter(|(loaded, _)| *loaded).count();
-    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, reason) in after.iter().filter(|(loaded, _)| !loaded) {
-        // "header mismatch: stale: snapshot holds turn 12, ..." → "header mismatch: stale"
-        let reason = reason.as_deref().unwrap_or("");
-        let short = reason
-            .split([',', ':'])
-            .take(2)
-            .collect::<Vec<_>>()
-            .join(":");
-        *reasons.entry(short).or_default() += 1;
-    }
+    let final_starts = starts(&pool, Some(&final_ids)).await;
+    let chaos_starts = starts(&pool, None).await;
 
     // Snapshots: every .llkv decodes and holds its session's last turn; a partial write is
     // never a .llkv (stale .tmp files of killed processes and quarantined .bad files are fine).
@@ -1035,9 +1109,8 @@ async fn chaos_llama(pool: PgPool) {
     let verdict = verify(&pool, &expected, false).await;
     println!("{}", summary(plan.name, seed, &stats, &verdict, started));
     println!(
-        "{}: after the storm: {warm}/{} final turns warm, cold {reasons:?}; snapshots: {llkv} llkv, {bad} quarantined, {tmp} stale tmp",
-        plan.name,
-        last_turn.len()
+        "{}: all turns: {chaos_starts:?}; after the storm: {final_starts:?}; snapshots: {llkv} llkv, {bad} quarantined, {tmp} stale tmp",
+        plan.name
     );
     assert_eq!(verdict.turns, plan.all_sessions().len() * (plan.turns + 1));
     assert!(stats.kills >= 6, "only {} kills", stats.kills);

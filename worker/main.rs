@@ -330,11 +330,13 @@ async fn build_deps(
 }
 
 async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {
+    // Signals first: a SIGTERM while connecting or loading the model is a clean exit too.
+    let shutdown = shutdown_on_signal();
     let settings = Arc::new(settings);
     let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
     db::migrate(&pool).await.context("migrating before start")?;
     let deps = build_deps(settings, pool, kind, echo_delay_ms).await?;
-    worker::run(deps, shutdown_on_signal()).await;
+    worker::run(deps, shutdown).await;
     Ok(())
 }
 
