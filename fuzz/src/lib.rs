@@ -4,7 +4,7 @@
 //! a structure-aware builder that makes valid snapshots and edits them so the fuzzer gets
 //! past the two CRC32Cs into the deep parsing code.
 
-#[path = "/tmp/fuzzfind/snapshot.rs"]
+#[path = "../../worker/snapshot.rs"]
 pub mod snapshot;
 
 use std::sync::OnceLock;
@@ -28,7 +28,15 @@ pub const LIMITS: [Limits; 2] = [REALISTIC, Limits::LOOSE];
 /// run is not stopped by the same finding again and again: `KVMEM_FUZZ_ALLOW=cr-value`
 /// (`ops/fuzz --allow cr-value`). Without it every check is strict. Known names:
 /// - `cr-value`: a header value ending in `\r` does not survive encode → decode (the
-///   parser's `str::lines()` strips it); fuzz/regressions/README.md.
+///   parser's `str::lines()` strips it).
+/// - `zstd-capacity`: decode reserves the header's `bytes` before decompressing, so a
+///   300-byte file can make it allocate 4 GiB. Nothing to skip here: ops/fuzz raises
+///   libFuzzer's malloc limit above `Limits::LOOSE` instead (RSS stays capped).
+/// - `header-quadratic`: the duplicate-key check is quadratic in the number of header
+///   lines, so a 64 KB header of distinct keys takes ~0.4 s (16 s under ASan, a timeout).
+///   Tolerated by skipping inputs whose header has over `QUADRATIC_LINES` lines.
+///
+/// All are described, with their inputs, in fuzz/regressions/README.md.
 pub fn allowed(issue: &str) -> bool {
     static ALLOW: OnceLock<Vec<String>> = OnceLock::new();
     ALLOW
@@ -42,6 +50,19 @@ pub fn allowed(issue: &str) -> bool {
         })
         .iter()
         .any(|a| a == issue)
+}
+
+/// Under `header-quadratic`, headers with more lines than this are not parsed.
+pub const QUADRATIC_LINES: usize = 128;
+
+/// Whether `header-quadratic` says to skip this file.
+fn skip_quadratic(file: &[u8]) -> bool {
+    allowed("header-quadratic")
+        && file[..file.len().min(64 * 1024)]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            > QUADRATIC_LINES
 }
 
 /// The header as the comparisons see it: under `cr-value`, without trailing `\r`s.
@@ -65,6 +86,9 @@ fn comparable(h: &Header) -> Header {
 /// `decode` on untrusted bytes: must not panic; a success must be self-consistent and
 /// survive `encode` → `decode`.
 pub fn check_decode(file: &[u8]) {
+    if skip_quadratic(file) {
+        return;
+    }
     for limits in LIMITS {
         match decode(file, limits) {
             Ok(snap) => {
@@ -82,6 +106,9 @@ pub fn check_decode(file: &[u8]) {
 /// `parse_header` on untrusted bytes: must not panic; a success must respect the limits
 /// and point the body inside the file.
 pub fn check_header(file: &[u8]) {
+    if skip_quadratic(file) {
+        return;
+    }
     for limits in LIMITS {
         match parse_header(file, limits) {
             Ok((h, body_start)) => {
@@ -318,6 +345,8 @@ pub enum Edit {
     ReplacePayload(Vec<u8>),
     /// A zstd frame of `len` zero bytes as the payload (a highly compressible body).
     ZstdZeros(u32),
+    /// Add this many distinct `kN=` lines (a long header; at most what fits in 64 KB).
+    ManyKeys(u16),
 }
 
 #[derive(Debug, Arbitrary)]
@@ -534,11 +563,18 @@ impl Parts {
                 self.body.extend(p.iter().take(4096));
             }
             Edit::ZstdZeros(len) => {
-                // Up to 4 MiB of zeros: a few hundred bytes of zstd, a large `bytes`.
-                let len = *len as usize % (4 << 20);
+                // Up to 256 KiB of zeros (a few blocks): tiny zstd, a large `bytes`.
+                let len = *len as usize % (256 << 10);
                 let frame = zstd::bulk::compress(&vec![0u8; len], 1).expect("zstd");
                 self.body.truncate(self.token_len.min(self.body.len()));
                 self.body.extend(frame);
+            }
+            Edit::ManyKeys(n) => {
+                // ~9,400 such lines fill the 64 KB a header may have; stop a bit past that.
+                let room = 10_000usize.saturating_sub(self.lines.len());
+                for i in 0..(*n as usize % 16384).min(room) {
+                    self.lines.push(format!("k{i}="));
+                }
             }
         }
     }
