@@ -11,10 +11,17 @@ fn main() {
             let result = kvmem_fuzz::snapshot::decode(&file, limits);
             let took = t.elapsed();
             let what = match result {
-                Ok(s) => format!("ok: {} tokens, {} state bytes", s.token_ids.len(), s.state.len()),
+                Ok(s) => format!(
+                    "ok: {} tokens, {} state bytes",
+                    s.token_ids.len(),
+                    s.state.len()
+                ),
                 Err(e) => format!("error: {e}"),
             };
-            println!("{path}: max_state_bytes={}: {what} ({took:.2?})", limits.max_state_bytes);
+            println!(
+                "{path}: max_state_bytes={}: {what} ({took:.2?})",
+                limits.max_state_bytes
+            );
         }
     }
 }

@@ -33,5 +33,9 @@ fn main() {
         bytes.extend_from_slice(text.as_bytes());
         write(&root.join("llkv_segments"), &format!("seed-{name}"), &bytes);
     }
-    println!("{} snapshot seeds, {} segment seeds", files.len(), tables.len());
+    println!(
+        "{} snapshot seeds, {} segment seeds",
+        files.len(),
+        tables.len()
+    );
 }

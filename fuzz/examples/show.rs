@@ -10,12 +10,20 @@ fn main() {
     let plan = kvmem_fuzz::Plan::arbitrary_take_rest(Unstructured::new(&data)).expect("plan");
     println!("{plan:#?}");
     let (file, _) = kvmem_fuzz::build(&plan);
-    let end = file.windows(2).position(|w| w == b"\n\n").map_or(file.len(), |e| e + 2);
+    let end = file
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map_or(file.len(), |e| e + 2);
     println!("--- header ({} bytes of {}):", end, file.len());
     println!("{:?}", String::from_utf8_lossy(&file[..end]));
     for limits in kvmem_fuzz::LIMITS {
         match kvmem_fuzz::snapshot::decode(&file, limits) {
-            Ok(s) => println!("decode {limits:?}: ok {:?} tokens={} state={}B", s.header, s.token_ids.len(), s.state.len()),
+            Ok(s) => println!(
+                "decode {limits:?}: ok {:?} tokens={} state={}B",
+                s.header,
+                s.token_ids.len(),
+                s.state.len()
+            ),
             Err(e) => println!("decode {limits:?}: {e}"),
         }
     }

@@ -7,8 +7,6 @@
 #[path = "../../worker/snapshot.rs"]
 pub mod snapshot;
 
-use std::sync::OnceLock;
-
 use arbitrary::Arbitrary;
 use snapshot::{
     decode, encode, parse_header, parse_segments, Compression, Header, Limits, SegKind, Segment,
@@ -24,71 +22,9 @@ pub const REALISTIC: Limits = Limits {
 /// Every target parses with both.
 pub const LIMITS: [Limits; 2] = [REALISTIC, Limits::LOOSE];
 
-/// Findings that are reported but not fixed yet can be tolerated by name, so that a long
-/// run is not stopped by the same finding again and again: `KVMEM_FUZZ_ALLOW=cr-value`
-/// (`ops/fuzz --allow cr-value`). Without it every check is strict. Known names:
-/// - `cr-value`: a header value ending in `\r` does not survive encode → decode (the
-///   parser's `str::lines()` strips it).
-/// - `zstd-capacity`: decode reserves the header's `bytes` before decompressing, so a
-///   300-byte file can make it allocate 4 GiB. Nothing to skip here: ops/fuzz raises
-///   libFuzzer's malloc limit above `Limits::LOOSE` instead (RSS stays capped).
-/// - `header-quadratic`: the duplicate-key check is quadratic in the number of header
-///   lines, so a 64 KB header of distinct keys takes ~0.4 s (16 s under ASan, a timeout).
-///   Tolerated by skipping inputs whose header has over `QUADRATIC_LINES` lines.
-///
-/// All are described, with their inputs, in fuzz/regressions/README.md.
-pub fn allowed(issue: &str) -> bool {
-    static ALLOW: OnceLock<Vec<String>> = OnceLock::new();
-    ALLOW
-        .get_or_init(|| {
-            std::env::var("KVMEM_FUZZ_ALLOW")
-                .unwrap_or_default()
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .iter()
-        .any(|a| a == issue)
-}
-
-/// Under `header-quadratic`, headers with more lines than this are not parsed.
-pub const QUADRATIC_LINES: usize = 128;
-
-/// Whether `header-quadratic` says to skip this file.
-fn skip_quadratic(file: &[u8]) -> bool {
-    allowed("header-quadratic")
-        && file[..file.len().min(64 * 1024)]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count()
-            > QUADRATIC_LINES
-}
-
-/// The header as the comparisons see it: under `cr-value`, without trailing `\r`s.
-fn comparable(h: &Header) -> Header {
-    let mut h = h.clone();
-    if allowed("cr-value") {
-        for s in [
-            &mut h.model_sha,
-            &mut h.digest_version,
-            &mut h.llama_build,
-            &mut h.type_k,
-            &mut h.type_v,
-            &mut h.scope,
-        ] {
-            *s = s.trim_end_matches('\r').to_string();
-        }
-    }
-    h
-}
-
 /// `decode` on untrusted bytes: must not panic; a success must be self-consistent and
 /// survive `encode` → `decode`.
 pub fn check_decode(file: &[u8]) {
-    if skip_quadratic(file) {
-        return;
-    }
     for limits in LIMITS {
         match decode(file, limits) {
             Ok(snap) => {
@@ -106,9 +42,6 @@ pub fn check_decode(file: &[u8]) {
 /// `parse_header` on untrusted bytes: must not panic; a success must respect the limits
 /// and point the body inside the file.
 pub fn check_header(file: &[u8]) {
-    if skip_quadratic(file) {
-        return;
-    }
     for limits in LIMITS {
         match parse_header(file, limits) {
             Ok((h, body_start)) => {
@@ -118,7 +51,10 @@ pub fn check_header(file: &[u8]) {
                     file[..body_start].ends_with(b"\n\n"),
                     "body does not start after the blank line"
                 );
-                assert!(body_start <= 64 * 1024 + 1, "header longer than the maximum");
+                assert!(
+                    body_start <= 64 * 1024 + 1,
+                    "header longer than the maximum"
+                );
             }
             Err(e) => {
                 let _ = e.to_string();
@@ -133,7 +69,10 @@ pub fn check_segments(text: &str, tokens: u32) {
     match parse_segments(text, tokens) {
         Ok(segs) => {
             let total: u64 = segs.iter().map(|s| s.len as u64).sum();
-            assert_eq!(total, tokens as u64, "segments do not sum to the token count");
+            assert_eq!(
+                total, tokens as u64,
+                "segments do not sum to the token count"
+            );
             assert!(segs.len() <= 1 << 16, "more segments than MAX_SEGMENTS");
             assert!(segs.iter().all(|s| s.len > 0), "empty segment accepted");
             assert!(
@@ -197,7 +136,9 @@ pub fn check_snapshot(file: &[u8], snap: &Snapshot, limits: Limits) {
         // Differential: the state is what a strict one-shot zstd decompression gives (no
         // trailing bytes, no second reading). `bytes` is real here: decode produced it.
         Compression::Zstd => assert!(
-            zstd::bulk::decompress(payload, h.bytes as usize).ok().as_deref()
+            zstd::bulk::decompress(payload, h.bytes as usize)
+                .ok()
+                .as_deref()
                 == Some(&snap.state[..]),
             "zstd state differs from a one-shot decompression"
         ),
@@ -211,8 +152,7 @@ pub fn check_round_trip(snap: &Snapshot, limits: Limits) {
     let again = decode(&file, limits)
         .unwrap_or_else(|e| panic!("re-encoded snapshot does not decode: {e}"));
     assert_eq!(
-        comparable(&again.header),
-        comparable(&filled),
+        again.header, filled,
         "encode's header differs from its decode"
     );
     let mut expected = snap.header.clone();
@@ -221,12 +161,11 @@ pub fn check_round_trip(snap: &Snapshot, limits: Limits) {
         expected.crc32c = filled.crc32c;
         expected.stored_bytes = filled.stored_bytes;
     }
+    assert_eq!(again.header, expected, "header does not round-trip");
     assert_eq!(
-        comparable(&again.header),
-        comparable(&expected),
-        "header does not round-trip"
+        again.token_ids, snap.token_ids,
+        "token ids do not round-trip"
     );
-    assert_eq!(again.token_ids, snap.token_ids, "token ids do not round-trip");
     assert!(again.state == snap.state, "state does not round-trip");
 }
 
@@ -410,7 +349,12 @@ impl Base {
         let state: Vec<u8> = if self.pattern.is_empty() {
             vec![0; state_len]
         } else {
-            self.pattern.iter().copied().cycle().take(state_len).collect()
+            self.pattern
+                .iter()
+                .copied()
+                .cycle()
+                .take(state_len)
+                .collect()
         };
         let header = Header {
             format_version: self.format_version.unwrap_or(snapshot::FORMAT_VERSION),
@@ -502,10 +446,8 @@ impl Parts {
                     Value::U64(n) => n.to_string(),
                     Value::I64(n) => n.to_string(),
                     Value::Nudge(d) => {
-                        let cur: i128 = self
-                            .value_of(key)
-                            .and_then(|v| v.parse().ok())
-                            .unwrap_or(0);
+                        let cur: i128 =
+                            self.value_of(key).and_then(|v| v.parse().ok()).unwrap_or(0);
                         (cur + *d as i128).to_string()
                     }
                     Value::Text(t) => field(t),
@@ -659,11 +601,7 @@ pub fn check_plan(plan: &Plan) {
         for limits in LIMITS {
             let snap = decode(&file, limits)
                 .unwrap_or_else(|e| panic!("a valid snapshot does not decode: {e}"));
-            assert_eq!(
-                comparable(&snap.header),
-                comparable(&orig.header),
-                "header changed by encode/decode"
-            );
+            assert_eq!(snap.header, orig.header, "header changed by encode/decode");
             assert_eq!(snap.token_ids, orig.token_ids);
             assert!(snap.state == orig.state, "state changed by encode/decode");
         }
