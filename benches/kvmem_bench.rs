@@ -523,6 +523,7 @@ async fn echo_run(
     sessions: usize,
     turns: usize,
     concurrency: u32,
+    claim_batch: u32,
     prefix: &str,
 ) -> Result<Value> {
     let ch = character(pool).await?;
@@ -540,14 +541,14 @@ async fn echo_run(
     .await?;
     let enqueue_s = t.elapsed().as_secs_f64();
     let settings = Settings::defaults()
-        .with(json!({"concurrency": concurrency, "poll_ms": 50, "log_level": "warn"}))?;
+        .with(json!({"concurrency": concurrency, "claim_batch": claim_batch, "poll_ms": 50, "log_level": "warn"}))?;
     let deps = Deps {
         pool: pool.clone(),
         settings: Arc::new(settings),
         generator: Generator::Echo {
             delay: Duration::ZERO,
         },
-        worker_id: format!("bench-{concurrency}"),
+        worker_id: format!("bench-{prefix}{concurrency}"),
     };
     let shutdown = CancellationToken::new();
     let total = (sessions * turns) as i64;
@@ -588,7 +589,7 @@ async fn echo_run(
     .fetch_one(pool)
     .await?;
     Ok(
-        json!({"sessions": sessions, "turns": turns, "concurrency": concurrency, "total": total,
+        json!({"sessions": sessions, "turns": turns, "concurrency": concurrency, "claim_batch": claim_batch, "total": total,
         "enqueue_s": enqueue_s, "run_s": span_s, "wall_s": wall, "turns_per_s": total as f64 / span_s,
         "order_or_overlap_violations": violations}),
     )
@@ -663,10 +664,17 @@ async fn queue(env: &Env) -> Result<Value> {
     println!("## Queue throughput, echo generator ({sessions} sessions × {turns} turns, strict per-session order)\n");
     println!("| system | workers | turns/s | run s | violations |\n|---|---:|---:|---:|---:|");
     let mut runs = Vec::new();
-    for c in [1u32, 2, 4] {
-        let r = echo_run(&pool, sessions, turns, c, &format!("q{c}_")).await?;
+    // (workers, claim_batch): 0 claims only what can start; 500 prefetches like
+    // graphile-worker's localQueue of 500.
+    for (c, batch) in [(1u32, 0u32), (2, 0), (4, 0), (4, 500)] {
+        let r = echo_run(&pool, sessions, turns, c, batch, &format!("q{c}b{batch}_")).await?;
+        let label = if batch > 0 {
+            format!("kvmem (claim_batch {batch})")
+        } else {
+            "kvmem".to_string()
+        };
         println!(
-            "| kvmem | {c} | {:.0} | {:.2} | {} |",
+            "| {label} | {c} | {:.0} | {:.2} | {} |",
             r["turns_per_s"].as_f64().unwrap_or(0.0),
             r["run_s"].as_f64().unwrap_or(0.0),
             r["order_or_overlap_violations"]
@@ -692,40 +700,79 @@ async fn queue(env: &Env) -> Result<Value> {
     }
     let (p50, p99) = start_latency(&pool, if env.quick { 100 } else { 500 }).await?;
     println!("\nenqueue-to-start latency (idle worker, NOTIFY): p50 {p50:.2} ms, p99 {p99:.2} ms");
-    let k4 = runs[2]["turns_per_s"].as_f64().unwrap_or(0.0);
+    let rate = |v: &Value| v["turns_per_s"].as_f64().unwrap_or(0.0);
+    let (k4, k4b) = (rate(&runs[2]), rate(&runs[3]));
     for p in &peers {
         let g = p["result"]["jobs_per_s"].as_f64().unwrap_or(0.0);
+        let mode = p["mode"].as_str().unwrap_or("");
         if g > 0.0 {
+            println!("kvmem(4) / graphile-worker({mode}) = {:.2}", k4 / g);
             println!(
-                "kvmem(4) / graphile-worker({}) = {:.2}",
-                p["mode"].as_str().unwrap_or(""),
-                k4 / g
+                "kvmem(4, claim_batch 500) / graphile-worker({mode}) = {:.2}",
+                k4b / g
             );
         }
     }
-    // Growth of the table: the same run with 1M finished turns already stored.
-    let history = if env.quick { 100_000 } else { 1_000_000 };
-    let t = Instant::now();
-    sqlx::query(
-        "INSERT INTO turns (session_id, user_id, character_id, message, state, reply, finished_at)
-         SELECT 'old' || (g % 10000), 'bench', (SELECT min(id) FROM user_characters), 'old', 'done', 'old', now()
-           FROM generate_series(1, $1) g",
-    )
-    .bind(history)
-    .execute(&pool)
-    .await?;
-    sqlx::query("VACUUM ANALYZE turns").execute(&pool).await?;
-    let fill_s = t.elapsed().as_secs_f64();
-    let big = echo_run(&pool, sessions, turns, 4, "big_").await?;
-    println!(
-        "with {history} finished turns in the table: {:.0} turns/s at 4 workers ({:.2}× the run above; fill took {fill_s:.0} s)\n",
-        big["turns_per_s"].as_f64().unwrap_or(0.0),
-        big["turns_per_s"].as_f64().unwrap_or(0.0) / k4
-    );
+    println!();
+    let history = history_growth(env, sessions, turns).await?;
     Ok(
         json!({"suite": "queue", "kvmem": runs, "graphile_worker": peers, "start_latency_ms": {"p50": p50, "p99": p99},
-        "with_history": {"finished_turns": history, "result": big}}),
+        "with_history": history}),
     )
+}
+
+/// The same echo run with 10k and then 1M finished turns already stored, in a database of
+/// its own, to show how the queue's cost grows with history.
+async fn history_growth(env: &Env, sessions: usize, turns: usize) -> Result<Value> {
+    let (pool, _) = fresh_db(env, "kvmem_bench_history").await?;
+    character(&pool).await?;
+    let sizes: &[i64] = if env.quick {
+        &[10_000, 100_000]
+    } else {
+        &[10_000, 1_000_000]
+    };
+    println!("## Queue throughput with finished turns in the table (4 workers)\n");
+    println!("| finished turns | claim_batch | turns/s | run s | violations |\n|---:|---:|---:|---:|---:|");
+    let mut stored = 0i64;
+    let mut out = Vec::new();
+    for &size in sizes {
+        let t = Instant::now();
+        sqlx::query(
+            "INSERT INTO turns (session_id, user_id, character_id, message, state, reply, finished_at)
+             SELECT 'old' || (g % 10000), 'bench', (SELECT min(id) FROM user_characters), 'old', 'done', 'old', now()
+               FROM generate_series(1, $1) g",
+        )
+        .bind(size - stored)
+        .execute(&pool)
+        .await?;
+        // Settle the fill before measuring: statistics, visibility map, and a checkpoint
+        // so the run does not pay for the fill's dirty pages.
+        sqlx::query("VACUUM ANALYZE turns").execute(&pool).await?;
+        sqlx::query("CHECKPOINT").execute(&pool).await?;
+        let fill_s = t.elapsed().as_secs_f64();
+        stored = size;
+        for batch in [0u32, 500] {
+            let r = echo_run(
+                &pool,
+                sessions,
+                turns,
+                4,
+                batch,
+                &format!("h{size}b{batch}_"),
+            )
+            .await?;
+            println!(
+                "| {size} | {batch} | {:.0} | {:.2} | {} |",
+                r["turns_per_s"].as_f64().unwrap_or(0.0),
+                r["run_s"].as_f64().unwrap_or(0.0),
+                r["order_or_overlap_violations"]
+            );
+            out.push(json!({"finished_turns": size, "fill_s": fill_s, "result": r}));
+            stored += (sessions * turns) as i64;
+        }
+    }
+    println!();
+    Ok(Value::Array(out))
 }
 
 async fn growth(env: &Env) -> Result<Value> {

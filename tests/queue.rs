@@ -53,28 +53,42 @@ async fn many_workers_keep_every_session_in_order(pool: PgPool) {
     for w in workers {
         w.await.unwrap();
     }
-    let not_done: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE state <> 'done'")
+    assert_every_turn_ran_once_in_order(&pool, sessions * turns).await;
+    let workers_used: i64 = sqlx::query_scalar("SELECT count(DISTINCT worker_id) FROM turn_log")
         .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        workers_used >= 2,
+        "only {workers_used} worker did all the work"
+    );
+}
+
+/// Every turn done, one run and one reply each, and per session: runs in id order with
+/// no overlap (`turn_log` timestamps).
+async fn assert_every_turn_ran_once_in_order(pool: &PgPool, total: usize) {
+    let not_done: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE state <> 'done'")
+        .fetch_one(pool)
         .await
         .unwrap();
     assert_eq!(not_done, 0);
     let runs: Vec<(i64, i64)> =
         sqlx::query_as("SELECT turn_id, count(*) FROM turn_log GROUP BY turn_id")
-            .fetch_all(&pool)
+            .fetch_all(pool)
             .await
             .unwrap();
-    assert_eq!(runs.len(), sessions * turns);
+    assert_eq!(runs.len(), total);
     assert!(runs.iter().all(|(_, n)| *n == 1), "a turn ran twice");
     let replies: i64 = sqlx::query_scalar("SELECT count(*) FROM messages WHERE role = 'assistant'")
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await
         .unwrap();
-    assert_eq!(replies, (sessions * turns) as i64);
+    assert_eq!(replies, total as i64);
     // Order: within a session, start times follow ids, and no two runs overlap.
     let rows = sqlx::query(
         "SELECT l.sid, l.turn_id, l.started_at, l.finished_at FROM turn_log l ORDER BY l.sid, l.started_at",
     )
-    .fetch_all(&pool)
+    .fetch_all(pool)
     .await
     .unwrap();
     let mut last: HashMap<String, (i64, chrono::DateTime<chrono::Utc>)> = HashMap::new();
@@ -92,13 +106,180 @@ async fn many_workers_keep_every_session_in_order(pool: PgPool) {
         last.insert(sid, (id, finished));
     }
     assert_eq!(violations, 0, "order or overlap violations");
-    let workers_used: i64 = sqlx::query_scalar("SELECT count(DISTINCT worker_id) FROM turn_log")
-        .fetch_one(&pool)
+}
+
+/// The worker loop as deployed: batched claims with a prefetch beyond the free slots, and
+/// group commits. Same guarantees as one-at-a-time.
+#[sqlx::test(migrations = false)]
+async fn batched_claims_and_group_commits_keep_every_session_in_order(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let (sessions, turns) = (60, 15);
+    sqlx::query(
+        "SELECT kvmem_enqueue_turn('s' || s, 'u1', $1, 'turn ' || t)
+           FROM generate_series(1, $3) t, generate_series(1, $2) s ORDER BY t, s",
+    )
+    .bind(ch)
+    .bind(sessions as i32)
+    .bind(turns as i32)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let url = db_url(&pool).await;
+    let mut workers = Vec::new();
+    for w in 0..3 {
+        // A pool per worker, as in separate processes: each holds two LISTEN connections.
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(6)
+            .connect(&url)
+            .await
+            .unwrap();
+        let deps = echo_deps(
+            &own,
+            settings(
+                serde_json::json!({"concurrency": 3, "claim_batch": 25, "complete_batch": 16, "poll_ms": 50}),
+            ),
+            &format!("w{w}"),
+        );
+        workers.push(tokio::spawn(kvmem::worker::run(deps, shutdown.clone())));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE state <> 'done'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if left == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} turns left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_every_turn_ran_once_in_order(&pool, sessions * turns).await;
+    let free: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM session_locks WHERE turn_id IS NULL AND head_turn_id IS NULL",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        free, sessions as i64,
+        "every session ends free with no head"
+    );
+    // The batches really were batches: some claims took several turns at once.
+    let widest: i64 = sqlx::query_scalar(
+        "SELECT max(n) FROM (SELECT count(*) AS n FROM events WHERE kind = 'claimed'
+                              GROUP BY created_at, detail->>'worker') c",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(widest > 3, "no claim took more than {widest} turns");
+}
+
+/// A group commit fences each turn on its own: the one whose lease was taken writes
+/// nothing, the others commit and their sessions move to their next turn.
+#[sqlx::test(migrations = false)]
+async fn group_commit_fences_each_turn(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    for sid in ["a", "b", "c"] {
+        queue::enqueue(&pool, sid, "u1", ch, &format!("hi {sid}"), None)
+            .await
+            .unwrap();
+    }
+    let next_a = queue::enqueue(&pool, "a", "u1", ch, "again", None)
         .await
         .unwrap();
-    assert!(
-        workers_used >= 2,
-        "only {workers_used} worker did all the work"
+    let lanes = vec!["live".to_string()];
+    let mut claimed = queue::claim_up_to(&pool, "w1", 30_000, &lanes, 10)
+        .await
+        .unwrap();
+    claimed.sort_by(|x, y| x.session_id.cmp(&y.session_id));
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|t| t.session_id.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b", "c"],
+        "one turn per session"
+    );
+    // Another worker took b's lease (as after a reap and a reclaim).
+    sqlx::query("UPDATE session_locks SET fencing_token = fencing_token + 1, owner = 'w2' WHERE session_id = 'b'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let batch: Vec<queue::Completion> = claimed
+        .iter()
+        .map(|t| queue::Completion {
+            turn: t.clone(),
+            reply: format!("reply {}", t.session_id),
+            log: kvmem::kvlog::KvLog::start(kvmem::kvlog::TurnPath::Echo, &t.session_id, 2048),
+        })
+        .collect();
+    let results = queue::complete_many(&pool, &batch).await.unwrap();
+    assert!(results[0].is_ok() && results[2].is_ok());
+    assert!(matches!(results[1], Err(QueueError::Fenced(id)) if id == claimed[1].id));
+    let states: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT session_id, state::text, reply FROM turns WHERE id = ANY($1) ORDER BY session_id",
+    )
+    .bind(claimed.iter().map(|t| t.id.0).collect::<Vec<_>>())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        [
+            ("a".into(), "done".into(), Some("reply a".into())),
+            ("b".into(), "running".into(), None),
+            ("c".into(), "done".into(), Some("reply c".into())),
+        ]
+    );
+    let messages: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT session_id, role, content FROM messages ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        messages,
+        [
+            ("a".into(), "user".into(), "hi a".into()),
+            ("a".into(), "assistant".into(), "reply a".into()),
+            ("c".into(), "user".into(), "hi c".into()),
+            ("c".into(), "assistant".into(), "reply c".into()),
+        ]
+    );
+    let logs: Vec<String> = sqlx::query_scalar("SELECT sid FROM turn_log ORDER BY sid")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(logs, ["a", "c"]);
+    // (session, running turn, owner, head turn)
+    type Lock = (String, Option<i64>, Option<String>, Option<i64>);
+    let locks: Vec<Lock> = sqlx::query_as(
+        "SELECT session_id, turn_id, owner, head_turn_id FROM session_locks ORDER BY session_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        locks,
+        [
+            ("a".into(), None, None, Some(next_a.0)),
+            // b is still running under w2: its head stays on the running turn.
+            (
+                "b".into(),
+                Some(claimed[1].id.0),
+                Some("w2".into()),
+                Some(claimed[1].id.0)
+            ),
+            ("c".into(), None, None, None),
+        ]
     );
 }
 

@@ -51,6 +51,11 @@ pub struct Settings {
     pub base_prompt: String,
 
     pub concurrency: u32,
+    /// Turns claimed per statement; above `concurrency` the extra ones wait in the worker
+    /// with their leases held (a prefetch). 0 = `concurrency`: claim only what starts now.
+    pub claim_batch: u32,
+    /// Most completions committed in one transaction (group commit); 1 = one each.
+    pub complete_batch: u32,
     pub lease_ms: u64,
     pub heartbeat_ms: u64,
     pub poll_ms: u64,
@@ -178,6 +183,9 @@ impl Settings {
         }
         if self.concurrency == 0 {
             return invalid("KVMEM_CONCURRENCY", "must be at least 1");
+        }
+        if self.complete_batch == 0 {
+            return invalid("KVMEM_COMPLETE_BATCH", "must be at least 1");
         }
         if self.engine_slots == 0 {
             return invalid("KVMEM_ENGINE_SLOTS", "must be at least 1");

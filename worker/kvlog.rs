@@ -112,44 +112,59 @@ impl KvLog {
         tracing::info!(target: "kv_only", "{self}");
     }
 
+    /// The `turn_log` row for this attempt, keyed by column name.
+    pub fn row(&self, turn: &ClaimedTurn) -> serde_json::Value {
+        serde_json::json!({
+            "turn_id": turn.id.0,
+            "attempt": turn.attempt,
+            "worker_id": turn.owner,
+            "path": self.path.as_str(),
+            "sid": self.sid,
+            "loaded": self.loaded,
+            "cold": self.cold,
+            "cold_reason": self.cold_reason,
+            "tokens_loaded": self.tokens_loaded,
+            "tokens_in_kv": self.tokens_in_kv,
+            "kv_bytes": self.kv_bytes,
+            "n_ctx": self.n_ctx,
+            "digest_injected": self.digest_injected,
+            "digest_version": self.digest_version,
+            "s_tokens": self.s_tokens,
+            "u_tokens": self.u_tokens,
+            "r_tokens": self.r_tokens,
+            "bpt": self.bpt,
+            "status": self.status,
+            "error": self.error,
+            "latency_ms": self.latency_ms.min(i32::MAX as u64),
+            "load_ms": self.load_ms.min(i32::MAX as u64),
+            "prefill_ms": self.prefill_ms.min(i32::MAX as u64),
+            "ttft_ms": self.ttft_ms.min(i32::MAX as u64),
+            "generate_ms": self.generate_ms.min(i32::MAX as u64),
+            "save_ms": self.save_ms.min(i32::MAX as u64),
+            "started_at": self.started_at,
+        })
+    }
+
     /// Inserts the `turn_log` row inside the completion transaction.
     pub async fn insert(
         &self,
         tx: &mut Transaction<'_, Postgres>,
         turn: &ClaimedTurn,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(include_str!("../sql/turn/insert_log.sql"))
-            .bind(turn.id.0)
-            .bind(turn.attempt)
-            .bind(&turn.owner)
-            .bind(self.path.as_str())
-            .bind(&self.sid)
-            .bind(self.loaded)
-            .bind(self.cold)
-            .bind(&self.cold_reason)
-            .bind(self.tokens_loaded as i32)
-            .bind(self.tokens_in_kv as i32)
-            .bind(self.kv_bytes as i64)
-            .bind(self.n_ctx as i32)
-            .bind(self.digest_injected)
-            .bind(&self.digest_version)
-            .bind(self.s_tokens as i32)
-            .bind(self.u_tokens as i32)
-            .bind(self.r_tokens as i32)
-            .bind(self.bpt as i32)
-            .bind(self.status)
-            .bind(&self.error)
-            .bind(self.latency_ms as i32)
-            .bind(self.load_ms as i32)
-            .bind(self.prefill_ms as i32)
-            .bind(self.ttft_ms as i32)
-            .bind(self.generate_ms as i32)
-            .bind(self.save_ms as i32)
-            .bind(self.started_at)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
+        insert_rows(tx, vec![self.row(turn)]).await
     }
+}
+
+/// Inserts `turn_log` rows made by [`KvLog::row`].
+pub async fn insert_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: Vec<serde_json::Value>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(include_str!("../sql/turn/insert_log.sql"))
+        .bind(serde_json::Value::Array(rows))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 impl fmt::Display for KvLog {

@@ -37,6 +37,7 @@ pub struct Metrics {
     kv_bytes_saved: Counter,
     digest_rebuilds: Counter,
     reaped: Counter,
+    commit_batch: Histogram,
     queue_depth: Family<QueueLabel, Gauge>,
 }
 
@@ -57,6 +58,7 @@ impl Metrics {
             kv_bytes_saved: Counter::default(),
             digest_rebuilds: Counter::default(),
             reaped: Counter::default(),
+            commit_batch: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
             queue_depth: Family::default(),
             registry: Registry::default(),
         };
@@ -96,6 +98,11 @@ impl Metrics {
             m.reaped.clone(),
         );
         registry.register(
+            "commit_batch_turns",
+            "Completions per group-commit transaction",
+            m.commit_batch.clone(),
+        );
+        registry.register(
             "queue_depth",
             "Turns by state and lane, read from Postgres at scrape",
             m.queue_depth.clone(),
@@ -132,6 +139,10 @@ impl Metrics {
 
     pub fn reaped(&self, n: usize) {
         self.reaped.inc_by(n as u64);
+    }
+
+    pub fn commit_batch(&self, n: usize) {
+        self.commit_batch.observe(n as f64);
     }
 
     /// Refreshes the queue gauges from Postgres and renders the text exposition format.

@@ -1,6 +1,7 @@
 //! The turn queue in Postgres: claim with a per-session lease, heartbeat, fenced
 //! completion, retry or death, and the reaper. Every statement lives in `sql/queue/`.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use serde::Serialize;
@@ -58,6 +59,8 @@ pub enum QueueError {
     Db(#[from] sqlx::Error),
     #[error("lease lost for turn {0}: another worker owns the session now")]
     Fenced(TurnId),
+    #[error("the worker's commit queue has stopped")]
+    Stopped,
 }
 
 pub type Result<T, E = QueueError> = std::result::Result<T, E>;
@@ -78,13 +81,7 @@ pub async fn claim(
     lease_ms: u64,
     lanes: &[String],
 ) -> Result<Option<ClaimedTurn>> {
-    for lane in lanes {
-        let mut got = claim_batch(pool, owner, lease_ms, std::slice::from_ref(lane), 1).await?;
-        if let Some(turn) = got.pop() {
-            return Ok(Some(turn));
-        }
-    }
-    Ok(None)
+    Ok(claim_up_to(pool, owner, lease_ms, lanes, 1).await?.pop())
 }
 
 /// Claims up to `max` runnable turns, each from a different session, in one statement.
@@ -153,31 +150,107 @@ async fn fence(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result
     }
 }
 
+/// A finished turn waiting to be committed.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub turn: ClaimedTurn,
+    pub reply: String,
+    pub log: KvLog,
+}
+
 /// Writes the reply, the dialogue rows, the log row and frees the lease: all or nothing.
 pub async fn complete(pool: &PgPool, turn: &ClaimedTurn, reply: &str, log: &KvLog) -> Result<()> {
-    // Scope: the whole completion, guarded by the fencing token.
-    let mut tx = pool.begin().await?;
-    fence(&mut tx, turn).await?;
-    let done = sqlx::query(include_str!("../sql/queue/complete.sql"))
-        .bind(turn.id.0)
-        .bind(reply)
-        .fetch_optional(&mut *tx)
-        .await?;
-    if done.is_none() {
-        return Err(QueueError::Fenced(turn.id));
+    let batch = [Completion {
+        turn: turn.clone(),
+        reply: reply.to_string(),
+        log: log.clone(),
+    }];
+    let mut done = complete_many(pool, &batch).await?;
+    done.pop().unwrap_or(Err(QueueError::Fenced(turn.id)))
+}
+
+/// Commits a batch of completions in one transaction (group commit): one WAL flush and a
+/// handful of set-based statements for the whole batch. Each turn is still fenced on its
+/// own: a turn whose lease was lost gets `Err(Fenced)` and writes nothing, the others
+/// commit. The result has one entry per input, in order. `Err` for the call as a whole
+/// means nothing was committed.
+pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Result<()>>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
     }
-    sqlx::query(include_str!("../sql/queue/insert_messages.sql"))
-        .bind(&turn.session_id)
-        .bind(turn.id.0)
-        .bind(&turn.message)
-        .bind(reply)
-        .execute(&mut *tx)
+    let input: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "turn_id": c.turn.id.0,
+                "session_id": c.turn.session_id,
+                "fencing_token": c.turn.fencing_token,
+                "owner": c.turn.owner,
+                "message": c.turn.message,
+                "reply": c.reply,
+            })
+        })
+        .collect();
+    let input = serde_json::Value::Array(input);
+    // Scope: every completion of the batch, each guarded by its own fencing token.
+    let mut tx = pool.begin().await?;
+    let held: Vec<i64> = sqlx::query_scalar(include_str!("../sql/queue/fence_many.sql"))
+        .bind(&input)
+        .fetch_all(&mut *tx)
         .await?;
-    log.insert(&mut tx, turn).await?;
-    release_lease(&mut tx, turn).await?;
-    notify_done(&mut tx, turn, TurnState::Done).await?;
+    let done: HashSet<i64> = if held.is_empty() {
+        Default::default()
+    } else {
+        let ids: Vec<i64> = sqlx::query_scalar(include_str!("../sql/queue/complete.sql"))
+            .bind(&input)
+            .bind(&held)
+            .fetch_all(&mut *tx)
+            .await?;
+        ids.into_iter().collect()
+    };
+    if !done.is_empty() {
+        let rows = batch
+            .iter()
+            .filter(|c| done.contains(&c.turn.id.0))
+            .map(|c| c.log.row(&c.turn))
+            .collect();
+        crate::kvlog::insert_rows(&mut tx, rows).await?;
+        sqlx::query(include_str!("../sql/queue/release_many.sql"))
+            .bind(&input)
+            .bind(done.iter().copied().collect::<Vec<i64>>())
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
-    Ok(())
+    Ok(batch
+        .iter()
+        .map(|c| {
+            if done.contains(&c.turn.id.0) {
+                Ok(())
+            } else {
+                Err(QueueError::Fenced(c.turn.id))
+            }
+        })
+        .collect())
+}
+
+/// Claims up to `max` turns, filling from the lanes in order (live before replay).
+pub async fn claim_up_to(
+    pool: &PgPool,
+    owner: &str,
+    lease_ms: u64,
+    lanes: &[String],
+    max: u32,
+) -> Result<Vec<ClaimedTurn>> {
+    let mut claimed = Vec::new();
+    for lane in lanes {
+        let left = max.saturating_sub(claimed.len() as u32);
+        if left == 0 {
+            break;
+        }
+        claimed.extend(claim_batch(pool, owner, lease_ms, std::slice::from_ref(lane), left).await?);
+    }
+    Ok(claimed)
 }
 
 /// Records a failed attempt: back to the queue with backoff, or `failed`/`dead`.

@@ -5,16 +5,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::VecDeque;
+
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn, Instrument};
 
 use crate::config::Settings;
 use crate::generator::{Generator, TurnError};
 use crate::kvlog::KvLog;
-use crate::queue::{self, ClaimedTurn, QueueError, QueueTiming, TurnId, TurnState};
+use crate::queue::{self, ClaimedTurn, Completion, QueueError, QueueTiming, TurnId, TurnState};
 
 /// What one call of [`process_next_turn`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,39 +83,75 @@ pub async fn process_next_turn(
     else {
         return Ok(Outcome::Empty);
     };
-    let span = tracing::info_span!("turn", turn_id = %turn.id, sid = %turn.session_id, attempt = turn.attempt);
-    run_claimed(deps, turn, shutdown).instrument(span).await
+    let keeper = LeaseKeeper::spawn(deps, &turn, shutdown.clone());
+    run_claimed(deps, turn, keeper, None, shutdown).await
+}
+
+/// What a turn started by [`run`] holds besides its lease: a generation slot, freed as
+/// soon as the generation ends, and the group-commit queue for its completion.
+struct Slot {
+    permit: OwnedSemaphorePermit,
+    freed: Arc<Notify>,
+    completer: Completer,
 }
 
 async fn run_claimed(
     deps: &Deps,
     turn: ClaimedTurn,
+    keeper: LeaseKeeper,
+    slot: Option<Slot>,
     shutdown: &CancellationToken,
 ) -> queue::Result<Outcome> {
-    info!("claimed");
-    let abort = Arc::new(AtomicBool::new(false));
-    let keeper = LeaseKeeper::spawn(deps, &turn, abort.clone(), shutdown.clone());
-    let result = deps.generator.run_turn(deps, &turn, abort.clone()).await;
-    keeper.stop();
-    match result {
-        Ok((reply, log)) => finish_ok(deps, &turn, &reply, log).await,
-        Err(TurnError::Aborted) if shutdown.is_cancelled() => {
-            queue::release(&deps.pool, &turn).await?;
-            info!("released on shutdown");
-            Ok(Outcome::Released(turn.id))
+    let span = tracing::info_span!("turn", turn_id = %turn.id, sid = %turn.session_id, attempt = turn.attempt);
+    async move {
+        info!("started");
+        let result = deps
+            .generator
+            .run_turn(deps, &turn, keeper.abort.clone())
+            .await;
+        keeper.stop();
+        // The engine is free again: the next turn may start while this one commits. Its
+        // lease stays until the commit, so the session's next turn cannot.
+        let completer = slot.map(|slot| {
+            drop(slot.permit);
+            slot.freed.notify_one();
+            slot.completer
+        });
+        match result {
+            Ok((reply, log)) => finish_ok(deps, &turn, reply, log, completer.as_ref()).await,
+            Err(TurnError::Aborted) if shutdown.is_cancelled() => {
+                queue::release(&deps.pool, &turn).await?;
+                info!("released on shutdown");
+                Ok(Outcome::Released(turn.id))
+            }
+            Err(err) => finish_err(deps, &turn, err).await,
         }
-        Err(err) => finish_err(deps, &turn, err).await,
     }
+    .instrument(span)
+    .await
 }
 
 async fn finish_ok(
     deps: &Deps,
     turn: &ClaimedTurn,
-    reply: &str,
+    reply: String,
     mut log: KvLog,
+    completer: Option<&Completer>,
 ) -> queue::Result<Outcome> {
     log.finish();
-    match queue::complete(&deps.pool, turn, reply, &log).await {
+    let committed = match completer {
+        Some(completer) => {
+            completer
+                .complete(Completion {
+                    turn: turn.clone(),
+                    reply,
+                    log: log.clone(),
+                })
+                .await
+        }
+        None => queue::complete(&deps.pool, turn, &reply, &log).await,
+    };
+    match committed {
         Ok(()) => {
             log.emit();
             crate::metrics::global().turn(&log);
@@ -172,16 +211,14 @@ async fn finish_err(deps: &Deps, turn: &ClaimedTurn, err: TurnError) -> queue::R
 /// shutdown has waited its grace period, so a generation in flight stops early.
 struct LeaseKeeper {
     stop: CancellationToken,
+    abort: Arc<AtomicBool>,
 }
 
 impl LeaseKeeper {
-    fn spawn(
-        deps: &Deps,
-        turn: &ClaimedTurn,
-        abort: Arc<AtomicBool>,
-        shutdown: CancellationToken,
-    ) -> LeaseKeeper {
+    fn spawn(deps: &Deps, turn: &ClaimedTurn, shutdown: CancellationToken) -> LeaseKeeper {
         let stop = CancellationToken::new();
+        let abort = Arc::new(AtomicBool::new(false));
+        let abort2 = abort.clone();
         let (pool, turn, settings, stop2) = (
             deps.pool.clone(),
             turn.clone(),
@@ -189,6 +226,7 @@ impl LeaseKeeper {
             stop.clone(),
         );
         tokio::spawn(async move {
+            let abort = abort2;
             let beat = Duration::from_millis(settings.heartbeat_ms);
             let grace = Duration::from_millis(settings.shutdown_grace_ms);
             let grace_over = async {
@@ -217,7 +255,7 @@ impl LeaseKeeper {
                 }
             }
         });
-        LeaseKeeper { stop }
+        LeaseKeeper { stop, abort }
     }
 
     fn stop(self) {
@@ -225,7 +263,8 @@ impl LeaseKeeper {
     }
 }
 
-/// Runs the claim loop with `settings.concurrency` turns at a time until `shutdown`.
+/// Runs the worker until `shutdown`: `settings.concurrency` turns at a time, claimed in
+/// batches and committed in groups.
 pub async fn run(deps: Deps, shutdown: CancellationToken) {
     let wake = Arc::new(Notify::new());
     let mut tasks = tokio::task::JoinSet::new();
@@ -237,42 +276,192 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) {
     tasks.spawn(reaper(deps.clone(), wake.clone(), shutdown.clone()));
     deps.generator
         .spawn_background(&deps, &mut tasks, shutdown.clone());
-    for slot in 0..deps.settings.concurrency {
-        let (deps, wake, shutdown) = (deps.clone(), wake.clone(), shutdown.clone());
-        tasks.spawn(async move { claim_loop(slot, deps, wake, shutdown).await });
-    }
-    info!(worker_id = %deps.worker_id, concurrency = deps.settings.concurrency, "worker started");
+    let (completer, committing) = Completer::spawn(
+        deps.pool.clone(),
+        deps.settings.complete_batch as usize,
+        wake.clone(),
+    );
+    tasks.spawn(fetch_loop(deps.clone(), wake, completer, shutdown.clone()));
+    info!(
+        worker_id = %deps.worker_id,
+        concurrency = deps.settings.concurrency,
+        claim_batch = deps.settings.claim_batch,
+        complete_batch = deps.settings.complete_batch,
+        "worker started"
+    );
     while tasks.join_next().await.is_some() {}
+    // Every sender is gone once the fetch loop has returned: the last batch is committed.
+    let _ = committing.await;
     info!("worker stopped");
 }
 
-async fn claim_loop(slot: u32, deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let poll = Duration::from_millis(deps.settings.poll_ms);
+/// Claims turns for free slots (and up to `claim_batch` ahead) and starts them. It claims
+/// again only when something can have become ready: a NOTIFY, a commit (the session's next
+/// turn), the reaper, the poll timer, or a claim that filled every free place (there may be
+/// more). A freed slot alone only starts a turn already claimed.
+async fn fetch_loop(
+    deps: Deps,
+    wake: Arc<Notify>,
+    completer: Completer,
+    shutdown: CancellationToken,
+) {
+    let settings = deps.settings.clone();
+    let slots = Arc::new(Semaphore::new(settings.concurrency as usize));
+    let capacity = settings.claim_batch.max(settings.concurrency) as usize;
+    let poll = Duration::from_millis(settings.poll_ms);
+    let mut waiting: VecDeque<(ClaimedTurn, LeaseKeeper)> = VecDeque::new();
+    let mut running: JoinSet<queue::Result<Outcome>> = JoinSet::new();
+    let freed = Arc::new(Notify::new());
+    let mut claim_now = true;
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
+        while !waiting.is_empty() {
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                break;
+            };
+            let Some((turn, keeper)) = waiting.pop_front() else {
+                break;
+            };
+            let slot = Slot {
+                permit,
+                freed: freed.clone(),
+                completer: completer.clone(),
+            };
+            let (deps, shutdown) = (deps.clone(), shutdown.clone());
+            running.spawn(
+                async move { run_claimed(&deps, turn, keeper, Some(slot), &shutdown).await },
+            );
+        }
+        while let Some(done) = running.try_join_next() {
+            report(done);
+        }
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match process_next_turn(&deps, &shutdown).await {
-            Ok(Outcome::Empty) => {
-                failures = 0;
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = &mut notified => {}
-                    _ = tokio::time::sleep(poll) => {}
+        let generating = settings.concurrency as usize - slots.available_permits();
+        let want = capacity.saturating_sub(generating + waiting.len());
+        if claim_now && want > 0 {
+            let claimed = queue::claim_up_to(
+                &deps.pool,
+                &deps.worker_id,
+                settings.lease_ms,
+                &settings.lanes,
+                want as u32,
+            )
+            .await;
+            match claimed {
+                Ok(turns) => {
+                    failures = 0;
+                    claim_now = turns.len() == want;
+                    if !turns.is_empty() {
+                        for turn in turns {
+                            let keeper = LeaseKeeper::spawn(&deps, &turn, shutdown.clone());
+                            waiting.push_back((turn, keeper));
+                        }
+                        continue;
+                    }
                 }
-            }
-            Ok(_) => failures = 0,
-            Err(e) => {
-                failures = (failures + 1).min(8);
-                let backoff = Duration::from_millis(50 << failures);
-                error!(slot, error = %e, backoff_ms = backoff.as_millis() as u64, "claim loop error");
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = tokio::time::sleep(backoff) => {}
+                Err(e) => {
+                    failures = (failures + 1).min(8);
+                    let backoff = Duration::from_millis(50 << failures);
+                    error!(error = %e, backoff_ms = backoff.as_millis() as u64, "claim failed");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    continue;
                 }
             }
         }
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = &mut notified => claim_now = true,
+            _ = freed.notified() => {}
+            Some(done) = running.join_next(), if !running.is_empty() => report(done),
+            _ = tokio::time::sleep(poll) => claim_now = true,
+        }
+    }
+    // Claimed but never started: back to the queue untouched.
+    for (turn, keeper) in waiting {
+        keeper.stop();
+        if let Err(e) = queue::release(&deps.pool, &turn).await {
+            warn!(turn_id = %turn.id, error = %e, "release on shutdown failed; the reaper will requeue it");
+        }
+    }
+    while let Some(done) = running.join_next().await {
+        report(done);
+    }
+}
+
+fn report(done: Result<queue::Result<Outcome>, tokio::task::JoinError>) {
+    match done {
+        Ok(Ok(_)) => {}
+        // The turn keeps its lease; when it runs out, the reaper requeues the turn.
+        Ok(Err(e)) => error!(error = %e, "turn not recorded"),
+        Err(e) => error!(error = %e, "turn task panicked"),
+    }
+}
+
+type Pending = (Completion, oneshot::Sender<queue::Result<()>>);
+
+/// Group commit: finished turns queue here and are committed together, as many as are
+/// waiting (up to `complete_batch`) per transaction, with no added delay.
+#[derive(Clone)]
+struct Completer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Completer {
+    fn spawn(
+        pool: PgPool,
+        max: usize,
+        wake: Arc<Notify>,
+    ) -> (Completer, tokio::task::JoinHandle<()>) {
+        let max = max.max(1);
+        let (tx, rx) = mpsc::channel(max * 2);
+        let task = tokio::spawn(commit_loop(pool, max, rx, wake));
+        (Completer { tx }, task)
+    }
+
+    async fn complete(&self, completion: Completion) -> queue::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send((completion, tx))
+            .await
+            .map_err(|_| QueueError::Stopped)?;
+        rx.await.map_err(|_| QueueError::Stopped)?
+    }
+}
+
+async fn commit_loop(pool: PgPool, max: usize, mut rx: mpsc::Receiver<Pending>, wake: Arc<Notify>) {
+    while let Some(first) = rx.recv().await {
+        let mut pending = vec![first];
+        while pending.len() < max {
+            match rx.try_recv() {
+                Ok(next) => pending.push(next),
+                Err(_) => break,
+            }
+        }
+        let (batch, replies): (Vec<Completion>, Vec<_>) = pending.into_iter().unzip();
+        let results = match queue::complete_many(&pool, &batch).await {
+            Ok(results) => results,
+            Err(e) => {
+                // Nothing of the batch was written. One at a time, a single bad completion
+                // (or a lock conflict) cannot hold back the others.
+                warn!(error = %e, turns = batch.len(), "group commit failed; committing one by one");
+                let mut results = Vec::with_capacity(batch.len());
+                for c in &batch {
+                    results.push(queue::complete(&pool, &c.turn, &c.reply, &c.log).await);
+                }
+                results
+            }
+        };
+        crate::metrics::global().commit_batch(batch.len());
+        for (reply, result) in replies.into_iter().zip(results) {
+            let _ = reply.send(result);
+        }
+        // Those sessions' next turns are claimable now.
+        wake.notify_one();
     }
 }
 

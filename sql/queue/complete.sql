@@ -1,12 +1,29 @@
--- Mark a running turn done with its reply, and record the event. Runs only after
--- fence.sql succeeded. $1 turn id, $2 reply.
-WITH done AS (
-    UPDATE turns
-       SET state = 'done', reply = $2, error = NULL, finished_at = now()
-     WHERE id = $1 AND state = 'running'
-    RETURNING id, session_id
+-- Mark running turns done with their replies, add the user and assistant messages, record
+-- the events and announce each on kvmem_turn_done (delivered at commit). Runs only for
+-- the turns fence_many.sql kept.
+-- $1 JSON array of {turn_id, session_id, message, reply}, $2 the fenced turn ids.
+WITH input AS (
+    SELECT i.*
+      FROM jsonb_to_recordset($1) AS i(turn_id bigint, session_id text, message text, reply text)
+     WHERE i.turn_id = ANY($2)
+), done AS (
+    UPDATE turns t
+       SET state = 'done', reply = i.reply, error = NULL, finished_at = now()
+      FROM input i
+     WHERE t.id = i.turn_id AND t.state = 'running'
+    RETURNING t.id, t.session_id
+), dialogue AS (
+    INSERT INTO messages (session_id, turn_id, role, content)
+    SELECT d.session_id, d.id, m.role, m.content
+      FROM done d
+      JOIN input i ON i.turn_id = d.id
+     CROSS JOIN LATERAL (VALUES (1, 'user', i.message), (2, 'assistant', i.reply)) AS m(n, role, content)
+     ORDER BY d.id, m.n
 ), audit AS (
     INSERT INTO events (session_id, turn_id, kind)
     SELECT session_id, id, 'completed' FROM done
 )
-SELECT session_id FROM done
+SELECT d.id,
+       pg_notify('kvmem_turn_done',
+                 json_build_object('turn_id', d.id, 'session_id', d.session_id, 'state', 'done')::text)::text AS notified
+  FROM done d
