@@ -212,7 +212,14 @@ fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>) -> Result<
 }
 
 /// Runs one turn through the queue; returns (ttft_ms, latency_ms, cold, tokens_loaded).
-async fn timed_turn(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<(f64, f64, bool, i32)> {
+/// Runs one turn through the queue; returns (ttft ms, latency ms, cold, tokens loaded,
+/// prefill ms).
+async fn timed_turn(
+    deps: &Deps,
+    sid: &str,
+    ch: i64,
+    msg: &str,
+) -> Result<(f64, f64, bool, i32, f64)> {
     let id = kvmem::queue::enqueue(&deps.pool, sid, "bench", ch, msg, None).await?;
     let never = CancellationToken::new();
     loop {
@@ -223,13 +230,13 @@ async fn timed_turn(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<(f64, 
             _ => {}
         }
     }
-    let (ttft, lat, cold, loaded): (i32, i32, bool, i32) = sqlx::query_as(
-        "SELECT ttft_ms, latency_ms, cold, tokens_loaded FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    let (ttft, lat, cold, loaded, prefill): (i32, i32, bool, i32, i32) = sqlx::query_as(
+        "SELECT ttft_ms, latency_ms, cold, tokens_loaded, prefill_ms FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
     )
     .bind(id.0)
     .fetch_one(&deps.pool)
     .await?;
-    Ok((ttft as f64, lat as f64, cold, loaded))
+    Ok((ttft as f64, lat as f64, cold, loaded, prefill as f64))
 }
 
 async fn warm_cold(env: &Env) -> Result<Value> {
@@ -259,55 +266,61 @@ async fn warm_cold(env: &Env) -> Result<Value> {
     let store = SnapshotStore::new(&kv_dir, Limits::LOOSE);
     let mut rows = Vec::new();
     println!("## Warm vs cold (SmolLM2-135M Q4_1, f16 KV, reply ≤ 32 tokens)\n");
-    println!("| history tokens | mode | ttft ms (median) | ttft ratio to warm | turn ms (median) | turn ratio to warm | n |");
-    println!("|---:|---|---:|---:|---:|---:|---:|");
+    println!("| history tokens | mode | ttft ms (median) | ttft ratio to warm | turn ms (median) | turn ratio to warm | prefill ms (median) | n |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for &size in sizes {
         let sid = format!("wc{size}");
         let history = seed_history(&pool, &engine, &sid, ch, size).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
-        let mut modes: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        // Per mode: ttft, turn latency, prefill ms.
+    type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
+    let mut modes: BTreeMap<&str, Samples> = BTreeMap::new();
         for i in 0..cold_n {
-            let (t, l, cold, _) =
+            let (t, l, cold, _, p) =
                 timed_turn(&rollback_deps, &sid, ch, &format!("Rollback question {i}?")).await?;
             assert!(cold);
             let e = modes.entry("rollback (KV_ONLY_ENABLED=false)").or_default();
             e.0.push(t);
             e.1.push(l);
+            e.2.push(p);
         }
         // The first kv_only turn finds no snapshot (rollback turns write none): it is cold.
-        let (t, l, cold, _) = timed_turn(&warm_deps, &sid, ch, "Status report?").await?;
+        let (t, l, cold, _, p) = timed_turn(&warm_deps, &sid, ch, "Status report?").await?;
         assert!(cold);
         let e = modes.entry("cold (lost snapshot)").or_default();
         e.0.push(t);
         e.1.push(l);
+        e.2.push(p);
         for i in 0..warm_n {
-            let (t, l, cold, loaded) =
+            let (t, l, cold, loaded, p) =
                 timed_turn(&warm_deps, &sid, ch, &format!("Warm question {i}?")).await?;
             assert!(!cold && loaded as usize >= history);
             let e = modes.entry("warm (snapshot)").or_default();
             e.0.push(t);
             e.1.push(l);
+            e.2.push(p);
         }
         for i in 1..cold_n {
             store.remove(&scope)?;
-            let (t, l, cold, _) =
+            let (t, l, cold, _, p) =
                 timed_turn(&warm_deps, &sid, ch, &format!("After loss {i}?")).await?;
             assert!(cold);
             let e = modes.entry("cold (lost snapshot)").or_default();
             e.0.push(t);
             e.1.push(l);
+            e.2.push(p);
         }
         let mut warm = modes["warm (snapshot)"].clone();
         let (wt, wl) = (median(&mut warm.0), median(&mut warm.1));
-        for (mode, (mut t, mut l)) in modes {
-            let (mt, ml) = (median(&mut t), median(&mut l));
+        for (mode, (mut t, mut l, mut p)) in modes {
+            let (mt, ml, mp) = (median(&mut t), median(&mut l), median(&mut p));
             println!(
-                "| {history} | {mode} | {mt:.0} | {:.1}× | {ml:.0} | {:.1}× | {} |",
+                "| {history} | {mode} | {mt:.0} | {:.1}× | {ml:.0} | {:.1}× | {mp:.0} | {} |",
                 mt / wt,
                 ml / wl,
                 t.len()
             );
-            rows.push(json!({"history_tokens": history, "mode": mode, "ttft_ms": stats(&t), "turn_ms": stats(&l),
+            rows.push(json!({"history_tokens": history, "mode": mode, "ttft_ms": stats(&t), "turn_ms": stats(&l), "prefill_ms": stats(&p),
                 "ttft_ratio_to_warm": mt / wt, "turn_ratio_to_warm": ml / wl}));
         }
     }
