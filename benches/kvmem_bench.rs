@@ -273,8 +273,8 @@ async fn warm_cold(env: &Env) -> Result<Value> {
         let history = seed_history(&pool, &engine, &sid, ch, size).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
         // Per mode: ttft, turn latency, prefill ms.
-    type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
-    let mut modes: BTreeMap<&str, Samples> = BTreeMap::new();
+        type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
+        let mut modes: BTreeMap<&str, Samples> = BTreeMap::new();
         for i in 0..cold_n {
             let (t, l, cold, _, p) =
                 timed_turn(&rollback_deps, &sid, ch, &format!("Rollback question {i}?")).await?;
@@ -569,38 +569,40 @@ async fn echo_run(
     let handle = tokio::spawn(worker::run(deps, shutdown.clone()));
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        // Count what is left through the partial index on pending turns: counting done
-        // turns would scan the whole table and slow the very run it measures.
-        let done: i64 = total
-            - sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM turns WHERE state IN ('queued', 'running') AND session_id LIKE $1 || '%'",
-            )
-            .bind(prefix)
-            .fetch_one(pool)
-            .await?;
-        if done >= total {
+        // Sessions with work left, from the small session_locks table: counting turns
+        // would scan the pending index (or the table) and slow the very run it measures.
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM session_locks WHERE session_id LIKE $1 || '%'
+                AND (head_turn_id IS NOT NULL OR turn_id IS NOT NULL)",
+        )
+        .bind(prefix)
+        .fetch_one(pool)
+        .await?;
+        if busy == 0 {
             break;
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "echo run stuck at {done}/{total}"
+            "echo run stuck: {busy} sessions still have turns"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let wall = t.elapsed().as_secs_f64();
     shutdown.cancel();
     let _ = handle.await;
-    let (span_s, violations): (f64, i64) = sqlx::query_as(
+    let (span_s, violations, runs): (f64, i64, i64) = sqlx::query_as(
         "WITH l AS (SELECT sid, turn_id, started_at, finished_at,
                       lag(turn_id) OVER w AS prev_id, lag(finished_at) OVER w AS prev_end
                  FROM turn_log WHERE sid LIKE $1 || '%' WINDOW w AS (PARTITION BY sid ORDER BY started_at))
          SELECT extract(epoch FROM max(finished_at) - min(started_at))::float8,
-                count(*) FILTER (WHERE prev_id > turn_id OR prev_end > started_at)
+                count(*) FILTER (WHERE prev_id > turn_id OR prev_end > started_at),
+                count(*)
            FROM l",
     )
     .bind(prefix)
     .fetch_one(pool)
     .await?;
+    anyhow::ensure!(runs == total, "{runs} runs logged for {total} turns");
     Ok(
         json!({"sessions": sessions, "turns": turns, "concurrency": concurrency, "claim_batch": claim_batch, "total": total,
         "enqueue_s": enqueue_s, "run_s": span_s, "wall_s": wall, "turns_per_s": total as f64 / span_s,

@@ -340,7 +340,10 @@ async fn fetch_loop(
         notified.as_mut().enable();
         let generating = settings.concurrency as usize - slots.available_permits();
         let want = capacity.saturating_sub(generating + waiting.len());
-        if claim_now && want > 0 {
+        // With a prefetch, top up in halves: claiming every freed place on its own would
+        // turn one batched claim into a statement per turn.
+        let worth_it = waiting.is_empty() || want >= (capacity / 2).max(1);
+        if claim_now && want > 0 && worth_it {
             let claimed = queue::claim_up_to(
                 &deps.pool,
                 &deps.worker_id,

@@ -33,7 +33,10 @@ WITH next AS (
            started_at = now(),
            worker_id = $1
       FROM lease
-     WHERE t.id = lease.turn_id AND t.state = 'queued'
+     -- By primary key only: compared as text, the state check cannot match the partial
+     -- pending index, which the planner otherwise picks (stale statistics on a table of
+     -- finished turns say it is empty) and then hashes every pending turn per claim.
+     WHERE t.id = lease.turn_id AND t.state::text = 'queued'
     RETURNING t.id, t.session_id, t.user_id, t.character_id, t.message, t.lane,
               t.attempts, t.max_attempts, lease.fencing_token
 ), audit AS (

@@ -10,7 +10,9 @@ WITH input AS (
     UPDATE turns t
        SET state = 'done', reply = i.reply, error = NULL, finished_at = now()
       FROM input i
-     WHERE t.id = i.turn_id AND t.state = 'running'
+     -- By primary key only (see claim.sql: the text comparison keeps the planner off the
+     -- partial pending index).
+     WHERE t.id = i.turn_id AND t.state::text = 'running'
     RETURNING t.id, t.session_id
 ), dialogue AS (
     INSERT INTO messages (session_id, turn_id, role, content)
