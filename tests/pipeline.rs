@@ -20,7 +20,8 @@ async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
-    let s = scene_settings(dir.path(), serde_json::json!({}));
+    // zstd here, so the compressed path is resumed exactly too (the default is off).
+    let s = scene_settings(dir.path(), serde_json::json!({ "kv_compress": true }));
     let engine = load_engine(&tiny_model(), &s);
     let deps = llama_deps(&pool, s, engine.clone(), "w1");
     let mut sizes = Vec::new();
@@ -70,10 +71,20 @@ async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn corrupt_snapshots_are_quarantined_and_the_turn_runs_cold(pool: PgPool) {
+    corruption_matrix(pool, false).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn corrupt_zstd_snapshots_are_quarantined_and_the_turn_runs_cold(pool: PgPool) {
+    corruption_matrix(pool, true).await;
+}
+
+/// Every damage case, on snapshots written with `KV_COMPRESS` off or on.
+async fn corruption_matrix(pool: PgPool, compress: bool) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
-    let s = scene_settings(dir.path(), serde_json::json!({}));
+    let s = scene_settings(dir.path(), serde_json::json!({ "kv_compress": compress }));
     let deps = llama_deps(&pool, s.clone(), load_engine(&tiny_model(), &s), "w1");
     let path = dir
         .path()
