@@ -335,9 +335,20 @@ impl TurnPipeline {
             // f32 K+V of a large model is well under 1 MiB per token.
             max_state_bytes: settings.n_ctx as u64 * (1 << 20),
         };
+        let store = SnapshotStore::new(&settings.kv_dir, limits);
+        // Writers killed mid-save leave per-process temp files that nothing else removes.
+        match store.sweep_stale_tmp(std::time::Duration::from_secs(600)) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(removed = n, dir = %settings.kv_dir.display(), "removed stale snapshot temp files")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %settings.kv_dir.display(), "could not sweep snapshot temp files")
+            }
+        }
         Ok(TurnPipeline {
             pool,
-            store: SnapshotStore::new(&settings.kv_dir, limits),
+            store,
             settings,
         })
     }

@@ -531,6 +531,32 @@ impl SnapshotStore {
         result.map(|_| encoded.len() as u64)
     }
 
+    /// Deletes temp files that writers killed before their rename left behind (`save`
+    /// names them per process, so a restarted worker never reuses one). Only files older
+    /// than `min_age` go: a save takes well under a second, and another worker sharing
+    /// the directory may be writing right now. Returns how many were removed.
+    pub fn sweep_stale_tmp(&self, min_age: std::time::Duration) -> io::Result<usize> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if !(name.starts_with('.') && name.ends_with(".tmp")) {
+                continue;
+            }
+            let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
+            if age >= min_age && fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes a session's snapshot (after a rollback run, or by ops).
     pub fn remove(&self, scope: &str) -> io::Result<()> {
         match fs::remove_file(self.path(scope)) {
@@ -691,6 +717,35 @@ mod tests {
             other => panic!("expected quarantine, got {other:?}"),
         }
         assert!(matches!(store.load("scope1"), Loaded::Missing));
+    }
+
+    #[test]
+    fn stale_temp_files_are_swept_and_fresh_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SnapshotStore::new(dir.path(), Limits::LOOSE);
+        let old = dir.path().join(".scope1.4242.tmp");
+        let fresh = dir.path().join(".scope2.4243.tmp");
+        let snapshot = dir.path().join("scope3.llkv");
+        for p in [&old, &fresh, &snapshot] {
+            std::fs::write(p, b"x").unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        let removed = store
+            .sweep_stale_tmp(std::time::Duration::from_secs(600))
+            .unwrap();
+        assert_eq!(removed, 1);
+        assert!(!old.exists() && fresh.exists() && snapshot.exists());
+        let missing = SnapshotStore::new(dir.path().join("nope"), Limits::LOOSE);
+        assert_eq!(
+            missing.sweep_stale_tmp(std::time::Duration::ZERO).unwrap(),
+            0
+        );
     }
 
     #[test]
