@@ -137,14 +137,8 @@ impl Fleet {
             .join(format!("{:04}-slot{slot}.log", self.started));
         let out = File::create(&log).expect("worker log file");
         let err = out.try_clone().expect("worker log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvmem"));
+        let mut cmd = kvmem_command(&self.url);
         cmd.arg("worker")
-            .env("DATABASE_URL", &self.url)
-            .env(
-                "KVMEM_CONFIG_DIR",
-                concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
-            )
-            .env("KVMEM_ENV", "test")
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

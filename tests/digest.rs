@@ -198,11 +198,7 @@ async fn digest_version_is_the_same_in_any_order_and_in_another_process(pool: Pg
             .env("KVMEM_LOG_LEVEL", "error")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
         let stdout = String::from_utf8(out.stdout).unwrap();
         assert_eq!(
             stdout.lines().next().unwrap(),

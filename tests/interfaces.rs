@@ -480,20 +480,14 @@ async fn replay_reproduces_replies_and_check_catches_a_change(pool: PgPool) {
 
     // The CLI's --check turns that into a non-zero exit.
     let url = db_url(&pool).await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvmem"))
+    let out = kvmem_command(&url)
         .args(["replay", "--session", "rec", "--check", "--report"])
         .arg(dir.path().join("report.json"))
-        .env("DATABASE_URL", &url)
         .env("KVMEM_MODEL_PATH", tiny_model())
         .env("KVMEM_KV_DIR", dir.path())
         .env("N_CTX", "1024")
         .env("KV_TAIL_TOKENS", "200")
         .env("REPLY_MAX_TOKENS", "16")
-        .env(
-            "KVMEM_CONFIG_DIR",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
-        )
-        .env("KVMEM_ENV", "test")
         .output()
         .unwrap();
     assert!(

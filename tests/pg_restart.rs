@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::tiny_model;
+use common::{assert_success, kvmem_command, tiny_model};
 use sqlx::PgPool;
 
 const PG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/ops/pg");
@@ -30,11 +30,7 @@ impl Cluster {
             .env("KVMEM_PG_PORT", &port)
             .output()
             .expect("ops/pg start");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let url = text
             .trim()
@@ -51,11 +47,7 @@ impl Cluster {
             .env("KVMEM_PG_PORT", &self.port)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
     }
 }
 
@@ -81,7 +73,7 @@ impl Drop for Workers {
 }
 
 fn worker(url: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_kvmem"))
+    kvmem_command(url)
         .args([
             "worker",
             "--generator",
@@ -91,12 +83,6 @@ fn worker(url: &str) -> Child {
             "--echo-delay-ms",
             "5",
         ])
-        .env("DATABASE_URL", url)
-        .env(
-            "KVMEM_CONFIG_DIR",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
-        )
-        .env("KVMEM_ENV", "test")
         .env("KVMEM_MODEL_PATH", tiny_model())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

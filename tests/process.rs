@@ -10,14 +10,8 @@ use common::*;
 use sqlx::PgPool;
 
 fn worker(url: &str, kv_dir: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_kvmem"))
+    kvmem_command(url)
         .args(["worker", "--generator", "llama"])
-        .env("DATABASE_URL", url)
-        .env(
-            "KVMEM_CONFIG_DIR",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
-        )
-        .env("KVMEM_ENV", "test")
         .env("KVMEM_MODEL_PATH", tiny_model())
         .env("KVMEM_KV_DIR", kv_dir)
         .env("N_CTX", "1024")
@@ -121,11 +115,7 @@ async fn cli_enqueue_reports_bad_input(pool: PgPool) {
             .unwrap()
     };
     let ok = run("hello", ch);
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert_success(&ok);
     let bad = run("   ", ch);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("message must not be empty"));

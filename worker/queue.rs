@@ -84,30 +84,36 @@ pub async fn claim(
     Ok(claim_up_to(pool, owner, lease_ms, lanes, 1).await?.pop())
 }
 
-/// Claims up to `max` runnable turns, each from a different session, in one statement.
-pub async fn claim_batch(
+/// Claims up to `max` runnable turns, each from a different session, one statement per
+/// lane, filling from the lanes in order (live before replay).
+pub async fn claim_up_to(
     pool: &PgPool,
     owner: &str,
     lease_ms: u64,
     lanes: &[String],
     max: u32,
 ) -> Result<Vec<ClaimedTurn>> {
-    let rows = sqlx::query(include_str!("../sql/queue/claim.sql"))
-        .bind(owner)
-        .bind(lease_ms as f64)
-        .bind(lanes)
-        .bind(max as i64)
-        .fetch_all(pool)
-        .await;
-    let rows = match rows {
-        Ok(rows) => rows,
-        // The unique index refused a second running turn in a session: nothing claimed.
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    rows.into_iter()
-        .map(|row| {
-            Ok(ClaimedTurn {
+    let mut claimed = Vec::new();
+    for lane in lanes {
+        let left = max.saturating_sub(claimed.len() as u32);
+        if left == 0 {
+            break;
+        }
+        let rows = sqlx::query(include_str!("../sql/queue/claim.sql"))
+            .bind(owner)
+            .bind(lease_ms as f64)
+            .bind(std::slice::from_ref(lane))
+            .bind(left as i64)
+            .fetch_all(pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // The unique index refused a second running turn in a session: nothing claimed.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for row in rows {
+            claimed.push(ClaimedTurn {
                 id: TurnId(row.try_get("id")?),
                 session_id: row.try_get("session_id")?,
                 user_id: row.try_get("user_id")?,
@@ -118,9 +124,10 @@ pub async fn claim_batch(
                 max_attempts: row.try_get("max_attempts")?,
                 fencing_token: row.try_get("fencing_token")?,
                 owner: owner.to_string(),
-            })
-        })
-        .collect()
+            });
+        }
+    }
+    Ok(claimed)
 }
 
 /// Extends the lease. `Ok(false)` means it was lost.
@@ -178,31 +185,45 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
     if batch.is_empty() {
         return Ok(Vec::new());
     }
-    let input: Vec<serde_json::Value> = batch
-        .iter()
-        .map(|c| {
-            serde_json::json!({
-                "turn_id": c.turn.id.0,
-                "session_id": c.turn.session_id,
-                "fencing_token": c.turn.fencing_token,
-                "owner": c.turn.owner,
-                "message": c.turn.message,
-                "reply": c.reply,
+    // The lease keys go to the fence and the release; only complete.sql needs the texts,
+    // so the messages and replies cross the wire once.
+    let keys = serde_json::Value::Array(
+        batch
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "turn_id": c.turn.id.0,
+                    "session_id": c.turn.session_id,
+                    "fencing_token": c.turn.fencing_token,
+                    "owner": c.turn.owner,
+                })
             })
-        })
-        .collect();
-    let input = serde_json::Value::Array(input);
+            .collect(),
+    );
+    let texts = serde_json::Value::Array(
+        batch
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "turn_id": c.turn.id.0,
+                    "session_id": c.turn.session_id,
+                    "message": c.turn.message,
+                    "reply": c.reply,
+                })
+            })
+            .collect(),
+    );
     // Scope: every completion of the batch, each guarded by its own fencing token.
     let mut tx = pool.begin().await?;
     let held: Vec<i64> = sqlx::query_scalar(include_str!("../sql/queue/fence_many.sql"))
-        .bind(&input)
+        .bind(&keys)
         .fetch_all(&mut *tx)
         .await?;
     let done: HashSet<i64> = if held.is_empty() {
         Default::default()
     } else {
         let ids: Vec<i64> = sqlx::query_scalar(include_str!("../sql/queue/complete.sql"))
-            .bind(&input)
+            .bind(&texts)
             .bind(&held)
             .fetch_all(&mut *tx)
             .await?;
@@ -216,7 +237,7 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
             .collect();
         crate::kvlog::insert_rows(&mut tx, rows).await?;
         sqlx::query(include_str!("../sql/queue/release_many.sql"))
-            .bind(&input)
+            .bind(&keys)
             .bind(done.iter().copied().collect::<Vec<i64>>())
             .execute(&mut *tx)
             .await?;
@@ -232,25 +253,6 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
             }
         })
         .collect())
-}
-
-/// Claims up to `max` turns, filling from the lanes in order (live before replay).
-pub async fn claim_up_to(
-    pool: &PgPool,
-    owner: &str,
-    lease_ms: u64,
-    lanes: &[String],
-    max: u32,
-) -> Result<Vec<ClaimedTurn>> {
-    let mut claimed = Vec::new();
-    for lane in lanes {
-        let left = max.saturating_sub(claimed.len() as u32);
-        if left == 0 {
-            break;
-        }
-        claimed.extend(claim_batch(pool, owner, lease_ms, std::slice::from_ref(lane), left).await?);
-    }
-    Ok(claimed)
 }
 
 /// Records a failed attempt: back to the queue with backoff, or `failed`/`dead`.

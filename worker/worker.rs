@@ -1,11 +1,10 @@
 //! The worker: one turn is [`process_next_turn`], and the loop around it only waits for work,
 //! reaps expired leases and stops on a signal.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::collections::VecDeque;
 
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;

@@ -14,6 +14,28 @@ use kvmem::worker::{process_next_turn, Deps, Outcome};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+/// The kvmem binary against `url`, with the repository's config layers and the test
+/// environment, as the process-level tests run it.
+pub fn kvmem_command(url: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvmem"));
+    cmd.env("DATABASE_URL", url)
+        .env(
+            "KVMEM_CONFIG_DIR",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+        )
+        .env("KVMEM_ENV", "test");
+    cmd
+}
+
+/// Fails with the command's stderr when it did not succeed.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Test settings: short leases and backoffs so crash paths run in seconds.
 pub fn settings(overrides: serde_json::Value) -> Settings {
     let base = Settings::defaults()
