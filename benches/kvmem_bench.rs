@@ -465,6 +465,7 @@ fn header(kv: &str, compress: bool) -> snapshot::Header {
         },
         scope: "io".into(),
         turn_id: 0,
+        fence: 0,
         segments: Vec::new(),
     }
 }

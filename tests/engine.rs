@@ -27,6 +27,7 @@ fn header() -> Header {
         compression: Compression::Zstd,
         scope: "t".into(),
         turn_id: 1,
+        fence: 1,
         segments: Vec::new(),
     }
 }

@@ -229,7 +229,7 @@ async fn rotate_hint_info_and_metrics(pool: PgPool) {
     let client = reqwest::Client::new();
 
     let hint: Value = client
-        .get(format!("{}/v1/rotate-hint?sid=s1", server.base))
+        .get(format!("{}/v1/rotate-hint?sid=s1&user=u1", server.base))
         .send()
         .await
         .unwrap()
@@ -247,7 +247,7 @@ async fn rotate_hint_info_and_metrics(pool: PgPool) {
     assert_eq!(hint["digest_changed_since_kv"], false);
     assert!(hint["digest_last_injected_at"].is_string());
     let r = client
-        .get(format!("{}/v1/rotate-hint?sid=nope", server.base))
+        .get(format!("{}/v1/rotate-hint?sid=nope&user=u1", server.base))
         .send()
         .await
         .unwrap();

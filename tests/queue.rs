@@ -158,7 +158,7 @@ async fn batched_claims_and_group_commits_keep_every_session_in_order(pool: PgPo
     }
     shutdown.cancel();
     for w in workers {
-        w.await.unwrap();
+        w.await.unwrap().expect("worker");
     }
     assert_every_turn_ran_once_in_order(&pool, sessions * turns).await;
     let free: i64 = sqlx::query_scalar(

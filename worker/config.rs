@@ -48,6 +48,9 @@ pub struct Settings {
     pub temperature: f32,
     pub top_p: f32,
     pub sampling_seed: u32,
+    /// Repetition penalty over the reply's last `repeat_last_n` tokens (1.0 = off).
+    pub repeat_penalty: f32,
+    pub repeat_last_n: i32,
     pub base_prompt: String,
 
     pub concurrency: u32,
@@ -66,6 +69,15 @@ pub struct Settings {
     pub lanes: Vec<String>,
     pub events_retention_hours: u64,
     pub http_timeout_ms: u64,
+    /// Bearer token for `kvmem serve`; required when it listens beyond loopback. Never
+    /// shown by `/v1/info`.
+    #[serde(default, skip_serializing)]
+    pub http_token: Option<String>,
+    pub http_max_body_bytes: usize,
+    /// Requests served at once; more get 503 at once instead of queueing without bound.
+    pub http_max_in_flight: u32,
+    /// Upper bound for a request's `X-Timeout-Ms`.
+    pub http_max_timeout_ms: u64,
 
     pub log_format: LogFormat,
     pub log_level: String,
@@ -200,6 +212,18 @@ impl Settings {
             return invalid(
                 "KVMEM_TEMPERATURE",
                 "temperature must be >= 0, top_p in 0..=1",
+            );
+        }
+        if self.repeat_penalty <= 0.0 || self.repeat_last_n < -1 {
+            return invalid(
+                "KVMEM_REPEAT_PENALTY",
+                "must be > 0 (1.0 = off), with KVMEM_REPEAT_LAST_N >= -1",
+            );
+        }
+        if self.http_max_in_flight == 0 || self.http_max_body_bytes == 0 {
+            return invalid(
+                "KVMEM_HTTP_MAX_IN_FLIGHT",
+                "it and KVMEM_HTTP_MAX_BODY_BYTES must be at least 1",
             );
         }
         if self.lanes.is_empty() {

@@ -63,6 +63,8 @@ pub struct EngineParams {
     pub temperature: f32,
     pub top_p: f32,
     pub seed: u32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: i32,
 }
 
 impl EngineParams {
@@ -80,6 +82,8 @@ impl EngineParams {
             temperature: s.temperature,
             top_p: s.top_p,
             seed: s.sampling_seed,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n,
         }
     }
 }
@@ -213,15 +217,29 @@ impl Engine {
         self.model.vocab().is_eog(t)
     }
 
+    /// Penalties, then truncation and temperature, then the pick (llama.cpp's chain order).
+    /// A fresh chain per reply: its penalty window holds this reply's tokens only, so a
+    /// reply is the same whether the session resumed warm or was rebuilt.
     fn sampler(&self) -> LlamaSampler {
-        if self.params.temperature <= 0.0 {
-            return LlamaSampler::greedy();
+        let p = &self.params;
+        let mut chain = Vec::new();
+        if p.repeat_penalty != 1.0 && p.repeat_last_n != 0 {
+            chain.push(LlamaSampler::penalties(
+                self.model.n_vocab(),
+                p.repeat_last_n,
+                p.repeat_penalty,
+                0.0,
+                0.0,
+            ));
         }
-        LlamaSampler::chain_simple([
-            LlamaSampler::top_p(self.params.top_p, 1),
-            LlamaSampler::temp(self.params.temperature),
-            LlamaSampler::dist(self.params.seed),
-        ])
+        if p.temperature <= 0.0 {
+            chain.push(LlamaSampler::greedy());
+        } else {
+            chain.push(LlamaSampler::top_p(p.top_p, 1));
+            chain.push(LlamaSampler::temp(p.temperature));
+            chain.push(LlamaSampler::dist(p.seed));
+        }
+        LlamaSampler::chain_simple(chain)
     }
 }
 

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,7 +16,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Row};
-use tokio::sync::broadcast;
+use subtle::ConstantTimeEq;
+use tokio::sync::{broadcast, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -45,14 +47,79 @@ impl AppState {
     }
 }
 
-/// The routes.
+/// The routes, behind the bearer token (when configured), the in-flight limit and the
+/// body size limit.
 pub fn router(state: AppState) -> Router {
+    let in_flight = Arc::new(Semaphore::new(state.settings.http_max_in_flight as usize));
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/rotate-hint", get(rotate_hint))
         .route("/v1/info", get(info))
         .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(state.settings.http_max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
         .with_state(state)
+}
+
+/// Refuses at once beyond `http_max_in_flight` requests: a client retrying on 503 is
+/// better served than one waiting in an unbounded queue of held connections.
+async fn limit_in_flight(
+    State(in_flight): State<Arc<Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match in_flight.try_acquire() {
+        Ok(_permit) => next.run(request).await,
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "too many requests in flight; retry shortly",
+        )
+        .into_response(),
+    }
+}
+
+/// `Authorization: Bearer <KVMEM_HTTP_TOKEN>` on every route when a token is configured.
+async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(token) = state.settings.http_token.as_deref() else {
+        return next.run(request).await;
+    };
+    let given = header(request.headers(), "authorization");
+    let given = given.as_deref().and_then(|v| v.strip_prefix("Bearer "));
+    // Constant time, so the comparison does not reveal how much of a guess was right.
+    let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
+    if ok {
+        next.run(request).await
+    } else {
+        let mut response = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or wrong bearer token (Authorization: Bearer <KVMEM_HTTP_TOKEN>)",
+        )
+        .into_response();
+        response.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
+        response
+    }
+}
+
+/// Why `kvmem serve` must not start on this address with these settings, if it must not:
+/// beyond loopback, the API is only served behind a bearer token.
+pub fn check_exposure(addr: &std::net::SocketAddr, settings: &Settings) -> Result<(), String> {
+    let has_token = settings
+        .http_token
+        .as_deref()
+        .is_some_and(|t| !t.trim().is_empty());
+    if addr.ip().is_loopback() || has_token {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing to listen on {addr} without KVMEM_HTTP_TOKEN: beyond loopback the API needs a bearer token"
+        ))
+    }
 }
 
 /// Serves until `shutdown`, with the completion listener running beside it.
@@ -232,9 +299,16 @@ async fn chat(
         .content
         .as_str()
         .ok_or_else(|| ApiError::bad_request("message content must be a string"))?;
-    let timeout = header(&headers, "x-timeout-ms")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(state.settings.http_timeout_ms);
+    let timeout = match header(&headers, "x-timeout-ms") {
+        None => state.settings.http_timeout_ms,
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| {
+                ApiError::bad_request("X-Timeout-Ms must be a whole number of milliseconds")
+            })?
+            .min(state.settings.http_max_timeout_ms),
+    };
     let key = header(&headers, "idempotency-key");
 
     // Subscribe before enqueueing, so a fast completion cannot slip past us.
@@ -249,7 +323,7 @@ async fn chat(
     )
     .await?;
     wait_done(&state.pool, &mut done, id, Duration::from_millis(timeout)).await?;
-    respond(&state, id, req.model).await
+    respond(&state, id, &user, req.model).await
 }
 
 async fn turn_state(pool: &PgPool, id: TurnId) -> Result<String, sqlx::Error> {
@@ -306,6 +380,7 @@ async fn wait_done(
 async fn respond(
     state: &AppState,
     id: TurnId,
+    user: &str,
     model: Option<String>,
 ) -> Result<Response, ApiError> {
     let row = sqlx::query(
@@ -314,9 +389,10 @@ async fn respond(
                 l.u_tokens, l.r_tokens, l.cold, l.digest_injected, l.tokens_in_kv, l.digest_version
            FROM turns t
            LEFT JOIN LATERAL (SELECT * FROM turn_log WHERE turn_id = t.id ORDER BY id DESC LIMIT 1) l ON true
-          WHERE t.id = $1",
+          WHERE t.id = $1 AND t.user_id = $2",
     )
     .bind(id.0)
+    .bind(user)
     .fetch_one(&state.pool)
     .await?;
     let turn_state: String = row.try_get("state")?;
@@ -371,29 +447,43 @@ async fn respond(
 #[derive(Deserialize)]
 struct HintQuery {
     sid: Option<String>,
+    user: Option<String>,
 }
 
-/// `GET /v1/rotate-hint?sid=…`: how full the session's KV is and whether the next turn prunes.
+/// `GET /v1/rotate-hint?sid=…&user=…` (or `X-User-Id`): how full the caller's session's KV
+/// is and whether the next turn prunes. Another user's session is answered exactly like a
+/// session that does not exist.
 async fn rotate_hint(
     State(state): State<AppState>,
+    headers: HeaderMap,
     Query(q): Query<HintQuery>,
 ) -> Result<Response, ApiError> {
     let sid = q
         .sid
         .filter(|s| !s.trim().is_empty())
         .ok_or_else(|| ApiError::bad_request("missing query parameter sid"))?;
+    let user = q
+        .user
+        .or_else(|| header(&headers, "x-user-id"))
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request("missing user id (query parameter user or header X-User-Id)")
+        })?;
     let owner: Option<(String, i64)> = sqlx::query_as(
         "SELECT user_id, character_id FROM turns WHERE session_id = $1 ORDER BY id DESC LIMIT 1",
     )
     .bind(&sid)
     .fetch_optional(&state.pool)
     .await?;
-    let Some((user, character)) = owner else {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found_error",
-            format!("unknown session {sid}"),
-        ));
+    let character = match owner {
+        Some((owner, character)) if owner == user => character,
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!("unknown session {sid} for user {user}"),
+            ))
+        }
     };
     let s = &state.settings;
     let path = snapshot::SnapshotStore::new(&s.kv_dir, Limits::LOOSE)

@@ -16,6 +16,7 @@ pub mod db;
 pub mod demo;
 pub mod digest;
 pub mod engine;
+pub mod faults;
 pub mod generator;
 pub mod http;
 pub mod hud;

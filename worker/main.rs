@@ -179,6 +179,13 @@ async fn main() -> Result<()> {
             no_worker,
             generator,
         } => {
+            // Before anything is loaded: an exposed server without a token must not start.
+            let addr: std::net::SocketAddr = tokio::net::lookup_host(&listen)
+                .await
+                .with_context(|| format!("resolving {listen}"))?
+                .next()
+                .with_context(|| format!("{listen} resolves to no address"))?;
+            kvmem::http::check_exposure(&addr, &settings).map_err(anyhow::Error::msg)?;
             let settings = Arc::new(settings.clone());
             let pool = db::connect(&url()?, settings.concurrency + 8).await?;
             db::migrate(&pool).await?;
@@ -198,9 +205,25 @@ async fn main() -> Result<()> {
                 .with_context(|| format!("binding {listen}"))?;
             tracing::info!(%listen, "kvserver listening");
             let state = kvmem::http::AppState::new(pool, settings, model_sha);
-            kvmem::http::serve(listener, state, shutdown).await?;
-            if let Some(w) = worker {
-                let _ = w.await;
+            let server = kvmem::http::serve(listener, state, shutdown.clone());
+            let Some(mut worker) = worker else {
+                server.await?;
+                return Ok(());
+            };
+            tokio::pin!(server);
+            // The in-process worker ending before shutdown means no turn will ever finish:
+            // stop serving and exit non-zero rather than answer 504 forever.
+            tokio::select! {
+                served = &mut server => {
+                    served?;
+                    worker.await.context("in-process worker")??;
+                }
+                ended = &mut worker => {
+                    shutdown.cancel();
+                    server.await?;
+                    ended.context("in-process worker")??;
+                    anyhow::bail!("the in-process worker stopped while the server was still serving");
+                }
             }
         }
         Command::Replay {
@@ -336,7 +359,7 @@ async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64)
     let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
     db::migrate(&pool).await.context("migrating before start")?;
     let deps = build_deps(settings, pool, kind, echo_delay_ms).await?;
-    worker::run(deps, shutdown).await;
+    worker::run(deps, shutdown).await?;
     Ok(())
 }
 

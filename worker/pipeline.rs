@@ -384,11 +384,9 @@ impl TurnPipeline {
             tok,
         )
         .await?;
-        let last_done: Option<i64> =
-            sqlx::query_scalar("SELECT max(turn_id) FROM messages WHERE session_id = $1")
-                .bind(&turn.session_id)
-                .fetch_one(&deps.pool)
-                .await?;
+        let last_done = crate::queue::last_done(&deps.pool, &turn.session_id)
+            .await
+            .map_err(|e| TurnError::retryable(e.to_string()))?;
 
         let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
         let (snapshot, cold_reason) = if s.kv_only_enabled {
@@ -466,7 +464,9 @@ impl TurnPipeline {
             } else {
                 (state.len() / run.token_ids.len()) as u32
             };
-            self.save(&scope, turn, &run).await;
+            if !self.save(deps, &scope, turn, &run, &abort).await {
+                return Err(TurnError::Aborted);
+            }
             log.save_ms = saved_at.elapsed().as_millis() as u64;
         }
         Ok((run.reply, log))
@@ -478,7 +478,7 @@ impl TurnPipeline {
         deps: &Deps,
         turn: &ClaimedTurn,
         scope: &str,
-        last_done: Option<i64>,
+        last_done: Option<(i64, Option<i64>)>,
     ) -> (Option<Box<Snapshot>>, Option<String>) {
         let store = self.store.clone();
         let scope2 = scope.to_string();
@@ -519,11 +519,19 @@ impl TurnPipeline {
             .await;
             return (None, Some(format!("header mismatch: {reason}")));
         }
-        if Some(snap.header.turn_id) != last_done {
-            // Normal after a crash between save and commit: the file is fine, just not current.
+        if Some((snap.header.turn_id, Some(snap.header.fence))) != last_done {
+            // Normal after a crash between save and commit (the file is fine, just not
+            // current), and what a worker paused past its lease leaves behind: the same turn,
+            // another attempt's token. Only the committing attempt's KV matches `messages`.
             let reason = format!(
-                "stale: snapshot holds turn {}, last done turn is {:?}",
-                snap.header.turn_id, last_done
+                "stale: snapshot holds turn {} (fence {}), last committed turn is {}",
+                snap.header.turn_id,
+                snap.header.fence,
+                match last_done {
+                    Some((id, Some(token))) => format!("{id} (fence {token})"),
+                    Some((id, None)) => format!("{id} (no fence recorded)"),
+                    None => "none".to_string(),
+                }
             );
             info!(%reason, "snapshot is not current; cold start");
             return (None, Some(reason));
@@ -559,11 +567,32 @@ impl TurnPipeline {
         }
     }
 
-    /// Writes the snapshot. A failed save is logged, never fatal: the next turn starts cold.
-    async fn save(&self, scope: &str, turn: &ClaimedTurn, run: &TurnRun) {
+    /// Writes the snapshot while this worker still holds the lease. A failed save is
+    /// logged, never fatal: the next turn starts cold. Returns false when the lease is gone
+    /// (the turn must stop: another worker owns the session).
+    async fn save(
+        &self,
+        deps: &Deps,
+        scope: &str,
+        turn: &ClaimedTurn,
+        run: &TurnRun,
+        abort: &AtomicBool,
+    ) -> bool {
         let Some(state) = run.state.clone() else {
-            return;
+            return true;
         };
+        crate::faults::stop_point("before_save");
+        let held = !abort.load(std::sync::atomic::Ordering::Relaxed)
+            && crate::queue::lease_held(&deps.pool, turn)
+                .await
+                .unwrap_or_else(|e| {
+                    warn!(error = %e, "could not check the lease before saving; not saving");
+                    false
+                });
+        if !held {
+            warn!("lease lost before the snapshot save; the session's snapshot is left alone");
+            return false;
+        }
         let mut header = Header {
             format_version: snapshot::FORMAT_VERSION,
             model_sha: self.engine().model_sha.clone(),
@@ -584,19 +613,21 @@ impl TurnPipeline {
             },
             scope: scope.to_string(),
             turn_id: turn.id.0,
+            fence: turn.fencing_token,
             segments: run.segments.clone(),
         };
         let (store, scope, tokens) = (self.store.clone(), scope.to_string(), run.token_ids.clone());
         let result = tokio::task::spawn_blocking(move || {
             let file = snapshot::encode(&mut header, &tokens, &state)?;
-            store.save(&scope, &file)
+            store.save_with(&scope, &file, &crate::faults::stop_point)
         })
         .await;
         match result {
-            Ok(Ok(_)) => {}
+            Ok(Ok(_)) => crate::faults::stop_point("after_save"),
             Ok(Err(e)) => error!(error = %e, "snapshot save failed; the next turn will start cold"),
             Err(e) => error!(error = %e, "snapshot save panicked; the next turn will start cold"),
         }
+        true
     }
 
     /// Seed step 6: rebuild the digest from the database after the turn.

@@ -142,6 +142,27 @@ pub async fn heartbeat(pool: &PgPool, turn: &ClaimedTurn, lease_ms: u64) -> Resu
     Ok(row.is_some())
 }
 
+/// True while this worker still holds the turn's unexpired lease.
+pub async fn lease_held(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
+    let held = sqlx::query_scalar(include_str!("../sql/queue/lease_held.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.id.0)
+        .bind(&turn.owner)
+        .bind(turn.fencing_token)
+        .fetch_one(pool)
+        .await?;
+    Ok(held)
+}
+
+/// The session's last committed turn and the fencing token of its committing attempt.
+pub async fn last_done(pool: &PgPool, session_id: &str) -> Result<Option<(i64, Option<i64>)>> {
+    let row = sqlx::query_as(include_str!("../sql/turn/last_done.sql"))
+        .bind(session_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row)
+}
+
 /// Locks the lease row and checks this worker still holds it.
 async fn fence(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {
     let held = sqlx::query(include_str!("../sql/queue/fence.sql"))
@@ -207,6 +228,7 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
                 serde_json::json!({
                     "turn_id": c.turn.id.0,
                     "session_id": c.turn.session_id,
+                    "fencing_token": c.turn.fencing_token,
                     "message": c.turn.message,
                     "reply": c.reply,
                 })

@@ -24,12 +24,12 @@ use sha2::{Digest, Sha256};
 /// First line of every snapshot.
 pub const MAGIC: &str = "LLKV1";
 /// Bumped on any incompatible change to the layout.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// A header is a few hundred bytes; anything this long is not a header.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// More segments than this means a corrupt table (a turn is at least a few tokens).
 const MAX_SEGMENTS: usize = 1 << 16;
-/// A real header has 17 lines; a file with many more is not one of ours.
+/// A real header has 18 lines; a file with many more is not one of ours.
 const MAX_HEADER_LINES: usize = 64;
 /// The most a zstd payload can expand: a block of at least 4 bytes gives at most 128 KiB.
 /// Bounding the output buffer by it means a tiny file can never reserve gigabytes.
@@ -105,6 +105,10 @@ pub struct Header {
     pub scope: String,
     /// The last turn whose exchange is in the KV.
     pub turn_id: i64,
+    /// The fencing token of the attempt that wrote the file. A snapshot is trusted only
+    /// when the session's last committed turn carries this same token (`turns.done_token`):
+    /// a worker that lost its lease cannot make its file look like the committed one.
+    pub fence: i64,
     pub segments: Vec<Segment>,
 }
 
@@ -191,7 +195,7 @@ fn render_header(h: &Header) -> String {
     let mut text = format!(
         "{MAGIC}\nformat_version={}\nmodel_sha={}\ndigest_version={}\ncrc32c={}\ntokens={}\n\
          bytes={}\nstored_bytes={}\ntimestamp={}\nllama_build={}\nn_ctx={}\ntype_k={}\n\
-         type_v={}\ncompression={}\nscope={}\nturn_id={}\nsegments={}\n",
+         type_v={}\ncompression={}\nscope={}\nturn_id={}\nfence={}\nsegments={}\n",
         h.format_version,
         h.model_sha,
         h.digest_version,
@@ -207,6 +211,7 @@ fn render_header(h: &Header) -> String {
         compression,
         h.scope,
         h.turn_id,
+        h.fence,
         segments.join(",")
     );
     let crc = crc32c::crc32c(text.as_bytes());
@@ -366,6 +371,7 @@ impl<'a> Fields<'a> {
             compression,
             scope: self.str("scope")?.to_string(),
             turn_id: self.num("turn_id")?,
+            fence: self.num("fence")?,
             segments,
         })
     }
@@ -513,6 +519,12 @@ impl SnapshotStore {
 
     /// Writes tmp → fsync → rename → fsync(dir). Returns the file size.
     pub fn save(&self, scope: &str, encoded: &[u8]) -> io::Result<u64> {
+        self.save_with(scope, encoded, &|_| {})
+    }
+
+    /// [`save`](Self::save), calling `at` with the step reached (`mid_write`,
+    /// `before_rename`): the seam reliability tests use to stop a writer at an exact point.
+    pub fn save_with(&self, scope: &str, encoded: &[u8], at: &dyn Fn(&str)) -> io::Result<u64> {
         fs::create_dir_all(&self.dir)?;
         let path = self.path(scope);
         let tmp = self
@@ -520,8 +532,12 @@ impl SnapshotStore {
             .join(format!(".{scope}.{}.tmp", std::process::id()));
         let result = (|| {
             let mut f = File::create(&tmp)?;
-            f.write_all(encoded)?;
+            let (first, rest) = encoded.split_at(encoded.len() / 2);
+            f.write_all(first)?;
+            at("mid_write");
+            f.write_all(rest)?;
             f.sync_all()?;
+            at("before_rename");
             fs::rename(&tmp, &path)?;
             File::open(&self.dir)?.sync_all()
         })();
@@ -607,6 +623,7 @@ mod tests {
             compression: Compression::Zstd,
             scope: "s".into(),
             turn_id: 7,
+            fence: 3,
             segments: vec![
                 Segment {
                     kind: SegKind::Base,

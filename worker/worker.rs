@@ -233,6 +233,9 @@ impl LeaseKeeper {
                 tokio::time::sleep(grace).await;
             };
             tokio::pin!(grace_over);
+            // Until when the lease is surely ours: the claim's expiry, then each heartbeat's.
+            let lease = Duration::from_millis(settings.lease_ms);
+            let mut held_until = tokio::time::Instant::now() + lease;
             loop {
                 tokio::select! {
                     _ = stop2.cancelled() => return,
@@ -242,14 +245,21 @@ impl LeaseKeeper {
                     }
                     _ = tokio::time::sleep(beat) => {}
                 }
+                let beat_started = tokio::time::Instant::now();
                 match queue::heartbeat(&pool, &turn, settings.lease_ms).await {
-                    Ok(true) => {}
+                    Ok(true) => held_until = beat_started + lease,
                     Ok(false) => {
                         warn!(turn_id = %turn.id, "lease lost; aborting the turn");
                         abort.store(true, Ordering::Relaxed);
                         return;
                     }
-                    // A database blip: keep trying until the lease would run out.
+                    // A database blip: keep trying while the lease is still ours. Once it
+                    // may have run out, another worker may own the session: stop at once.
+                    Err(e) if tokio::time::Instant::now() >= held_until => {
+                        warn!(turn_id = %turn.id, error = %e, "heartbeat failed past the lease; aborting the turn");
+                        abort.store(true, Ordering::Relaxed);
+                        return;
+                    }
                     Err(e) => warn!(turn_id = %turn.id, error = %e, "heartbeat failed"),
                 }
             }
@@ -262,9 +272,22 @@ impl LeaseKeeper {
     }
 }
 
+/// Why a worker stopped without being asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// One of the worker's tasks (fetch loop, listener, reaper, rebuilder) ended early,
+    /// most likely in a panic. The others were stopped: a half-alive worker would hold no
+    /// turns but look healthy.
+    #[error("worker task died: {0}")]
+    TaskDied(String),
+}
+
 /// Runs the worker until `shutdown`: `settings.concurrency` turns at a time, claimed in
-/// batches and committed in groups.
-pub async fn run(deps: Deps, shutdown: CancellationToken) {
+/// batches and committed in groups. Returns an error, after stopping everything, if any
+/// of its tasks ends before `shutdown`.
+pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerError> {
+    // The tasks stop on the caller's shutdown, or on this worker's own when one dies.
+    let shutdown = shutdown.child_token();
     let wake = Arc::new(Notify::new());
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(listen_for_turns(
@@ -288,10 +311,25 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) {
         complete_batch = deps.settings.complete_batch,
         "worker started"
     );
-    while tasks.join_next().await.is_some() {}
+    let mut died = None;
+    while let Some(ended) = tasks.join_next().await {
+        if !shutdown.is_cancelled() {
+            let why = match ended {
+                Err(e) => e.to_string(),
+                Ok(()) => "a task returned before shutdown".to_string(),
+            };
+            error!(error = %why, "worker task died; stopping the worker");
+            died.get_or_insert(why);
+            shutdown.cancel();
+        }
+    }
     // Every sender is gone once the fetch loop has returned: the last batch is committed.
     let _ = committing.await;
     info!("worker stopped");
+    match died {
+        Some(why) => Err(WorkerError::TaskDied(why)),
+        None => Ok(()),
+    }
 }
 
 /// Claims turns for free slots (and up to `claim_batch` ahead) and starts them. It claims
@@ -314,6 +352,7 @@ async fn fetch_loop(
     let mut claim_now = true;
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
+        crate::faults::panic_point("fetch_loop");
         while !waiting.is_empty() {
             let Ok(permit) = slots.clone().try_acquire_owned() else {
                 break;

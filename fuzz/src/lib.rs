@@ -191,6 +191,7 @@ pub const KEYS: [&str; 16] = [
     "compression",
     "scope",
     "turn_id",
+    "fence",
     "segments",
 ];
 
@@ -212,6 +213,7 @@ pub struct Base {
     pub timestamp: u64,
     pub n_ctx: u32,
     pub turn_id: i64,
+    pub fence: i64,
     /// (kind, length-1); a base segment after the first position becomes a turn.
     pub segments: Vec<(u8, u8)>,
     pub token_ids: Vec<i32>,
@@ -376,6 +378,7 @@ impl Base {
             },
             scope: field(&self.scope),
             turn_id: self.turn_id,
+            fence: self.fence,
             segments,
         };
         (header, token_ids, state)
@@ -661,6 +664,7 @@ pub fn seed_files() -> Vec<(String, Vec<u8>)> {
                     },
                     scope: format!("{:032x}", n * 0x1234_5678_9abc),
                     turn_id: n as i64 + 1,
+                    fence: n as i64 * 3,
                     segments,
                 };
                 let file = encode(&mut h, &token_ids, &state).expect("encode");

@@ -64,17 +64,7 @@ BEGIN
     -- Serialise enqueues per session so ids, and so run order, follow commit order.
     PERFORM pg_advisory_xact_lock(hashtextextended('kvmem:' || session_id, 0));
 
-    IF idempotency_key IS NOT NULL THEN
-        SELECT t.id, t.session_id INTO v_existing FROM turns t WHERE t.idempotency_key = idempotency_key;
-        IF FOUND THEN
-            IF v_existing.session_id <> session_id THEN
-                RAISE EXCEPTION 'kvmem: idempotency key % already used by session %',
-                    idempotency_key, v_existing.session_id USING ERRCODE = '22023';
-            END IF;
-            RETURN v_existing.id;
-        END IF;
-    END IF;
-
+    -- Ownership first: nothing below may answer for a session that is not the caller's.
     -- A session belongs to one user and one character: its memory is theirs alone.
     PERFORM 1 FROM turns t
      WHERE t.session_id = session_id
@@ -85,15 +75,35 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
 
+    -- Idempotency keys are per user: another user's identical key is another request, and
+    -- is never looked at.
+    IF idempotency_key IS NOT NULL THEN
+        SELECT t.id, t.session_id INTO v_existing FROM turns t
+         WHERE t.user_id = user_id AND t.idempotency_key = idempotency_key;
+        IF FOUND THEN
+            IF v_existing.session_id <> session_id THEN
+                RAISE EXCEPTION 'kvmem: idempotency key % was already used for another session',
+                    idempotency_key USING ERRCODE = '22023';
+            END IF;
+            RETURN v_existing.id;
+        END IF;
+    END IF;
+
     SELECT value::integer INTO v_attempts FROM kvmem_config WHERE key = 'max_attempts';
     INSERT INTO turns (session_id, user_id, character_id, message, idempotency_key, max_attempts, lane)
     VALUES (session_id, user_id, character_id, message, idempotency_key, coalesce(v_attempts, 5), lane)
     ON CONFLICT DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN
-        -- A concurrent call with the same key won the insert.
-        SELECT t.id INTO v_id FROM turns t WHERE t.idempotency_key = idempotency_key;
-        RETURN v_id;
+        -- A concurrent call of this user with the same key won the insert. Calls for one
+        -- session are serialised above, so the winner may only be another session's.
+        SELECT t.id, t.session_id INTO v_existing FROM turns t
+         WHERE t.user_id = user_id AND t.idempotency_key = idempotency_key;
+        IF v_existing.session_id <> session_id THEN
+            RAISE EXCEPTION 'kvmem: idempotency key % was already used for another session',
+                idempotency_key USING ERRCODE = '22023';
+        END IF;
+        RETURN v_existing.id;
     END IF;
 
     -- The new turn becomes the session's head if the session had nothing pending.

@@ -1,14 +1,16 @@
 -- Mark running turns done with their replies, add the user and assistant messages, record
 -- the events and announce each on kvmem_turn_done (delivered at commit). Runs only for
 -- the turns fence_many.sql kept.
--- $1 JSON array of {turn_id, session_id, message, reply}, $2 the fenced turn ids.
+-- $1 JSON array of {turn_id, session_id, fencing_token, message, reply}, $2 the fenced
+-- turn ids. done_token records which attempt's snapshot is the trusted one.
 WITH input AS (
     SELECT i.*
-      FROM jsonb_to_recordset($1) AS i(turn_id bigint, session_id text, message text, reply text)
+      FROM jsonb_to_recordset($1) AS i(turn_id bigint, session_id text, fencing_token bigint, message text, reply text)
      WHERE i.turn_id = ANY($2)
 ), done AS (
     UPDATE turns t
-       SET state = 'done', reply = i.reply, error = NULL, finished_at = now()
+       SET state = 'done', reply = i.reply, error = NULL, finished_at = now(),
+           done_token = i.fencing_token
       FROM input i
      -- By primary key only (see claim.sql: the text comparison keeps the planner off the
      -- partial pending index).
