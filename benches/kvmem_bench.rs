@@ -208,6 +208,7 @@ fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>) -> Result<
         settings,
         generator: Generator::Llama(Arc::new(pipeline)),
         worker_id: "bench".into(),
+        metrics: kvmem::metrics::global(),
     })
 }
 
@@ -485,6 +486,7 @@ async fn digest_latency(env: &Env) -> Result<Value> {
         tok,
         180,
         Duration::from_secs(60),
+        Arc::new(kvmem::metrics::Metrics::new()),
         shutdown.clone(),
     ));
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -563,6 +565,7 @@ async fn echo_run(
             delay: Duration::ZERO,
         },
         worker_id: format!("bench-{prefix}{concurrency}"),
+        metrics: kvmem::metrics::global(),
     };
     let shutdown = CancellationToken::new();
     let total = (sessions * turns) as i64;
@@ -623,6 +626,7 @@ async fn start_latency(pool: &PgPool, n: usize) -> Result<(f64, f64)> {
             delay: Duration::ZERO,
         },
         worker_id: "lat".into(),
+        metrics: kvmem::metrics::global(),
     };
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(worker::run(deps, shutdown.clone()));

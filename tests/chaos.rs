@@ -6,15 +6,15 @@
 //!   mid-claim, mid-generation and mid-completion), 90 sessions × 20 turns, 30 kills at
 //!   random moments 80–400 ms apart (the work lasts about as long as the killing).
 //! - `chaos_llama` (CI): 2 llama workers on the tiny model sharing one KV directory,
-//!   10 sessions × 6 turns, 6 timed kills plus aimed ones (up to 4 of each kind): a worker
-//!   is killed while its `.<scope>.<pid>.tmp` snapshot file is there (mid-write), or just
-//!   after that file was renamed to `.llkv` (between the save and the completion's commit,
-//!   so the next attempt finds a stale snapshot). Afterwards every `.llkv` must decode and
-//!   hold its session's last turn, and one more turn per session must succeed on a fresh
-//!   worker.
+//!   7 sessions × 6 turns, 6 timed kills plus aimed ones, at least 3 of each kind and
+//!   required: a worker started with `KVMEM_TEST_STOP_AT` stops itself mid snapshot write
+//!   (half the bytes in its `.tmp` file) or after the rename and before the completion's
+//!   commit, and is SIGKILLed there. Every turn killed after its save must later start
+//!   cold with a stale snapshot. Afterwards every `.llkv` must decode and hold its
+//!   session's last turn, and one more turn per session must succeed on a fresh worker.
 //! - `KVMEM_CHAOS_LONG=1` (what `ops/chaos` runs) scales both up: echo 6 workers,
-//!   200 sessions × 50 turns, 200 kills; llama 3 workers, 30 sessions × 20 turns, 40 timed
-//!   kills plus up to 15 snapshot kills.
+//!   200 sessions × 50 turns, 200 kills; llama 3 workers, 24 sessions × 20 turns, 40 timed
+//!   kills plus at least 15 aimed kills of each kind.
 //! - `KVMEM_CHAOS_SEED=N` picks another kill schedule. The seeded RNG chooses victims and
 //!   moments; the machine's timing still varies from run to run, so a run is not a replay.
 //!
@@ -110,17 +110,26 @@ struct Fleet {
     log_dir: PathBuf,
     slots: Vec<Option<Child>>,
     logs: Vec<PathBuf>,
+    /// The `KVMEM_TEST_STOP_AT` point each slot's next process stops itself at.
+    aims: Vec<Option<&'static str>>,
     started: usize,
 }
 
 impl Fleet {
     fn new(url: &str, generator: Gen, log_dir: &Path, workers: usize) -> Fleet {
+        Fleet::aimed(url, generator, log_dir, vec![None; workers])
+    }
+
+    /// Workers whose processes stop themselves at the given points (one slot each).
+    fn aimed(url: &str, generator: Gen, log_dir: &Path, aims: Vec<Option<&'static str>>) -> Fleet {
+        let workers = aims.len();
         let mut fleet = Fleet {
             url: url.to_string(),
             generator,
             log_dir: log_dir.to_path_buf(),
             slots: (0..workers).map(|_| None).collect(),
             logs: vec![PathBuf::new(); workers],
+            aims,
             started: 0,
         };
         for slot in 0..workers {
@@ -167,18 +176,22 @@ impl Fleet {
                     .env("KVMEM_N_THREADS", "1");
             }
         }
+        if let Some(point) = self.aims[slot] {
+            cmd.env("KVMEM_TEST_STOP_AT", point);
+        }
         self.slots[slot] = Some(cmd.spawn().expect("start kvmem worker"));
         self.logs[slot] = log;
     }
 
-    fn len(&self) -> usize {
-        self.slots.len()
+    /// The pid and stop point of a slot whose worker has stopped itself at its point.
+    fn stopped(&self, slot: usize) -> Option<(u32, &'static str)> {
+        let pid = self.slots[slot].as_ref()?.id();
+        let point = self.aims[slot]?;
+        (proc_state(pid) == Some('T')).then_some((pid, point))
     }
 
-    fn slot_of(&self, pid: u32) -> Option<usize> {
-        self.slots
-            .iter()
-            .position(|c| c.as_ref().is_some_and(|c| c.id() == pid))
+    fn len(&self) -> usize {
+        self.slots.len()
     }
 
     /// SIGKILL and reap; returns the pid.
@@ -247,6 +260,12 @@ impl Fleet {
                         break;
                     }
                     Ok(None) if Instant::now() < deadline => {
+                        // A worker stopped at its stop point only sees SIGTERM once continued.
+                        if proc_state(child.id()) == Some('T') {
+                            let _ = Command::new("kill")
+                                .args(["-CONT", &child.id().to_string()])
+                                .status();
+                        }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     _ => {
@@ -273,6 +292,12 @@ impl Drop for Fleet {
             let _ = child.wait();
         }
     }
+}
+
+/// The process state letter from /proc (`T` = stopped).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -392,6 +417,8 @@ struct Stats {
     post_save: usize,
     /// ... whose turn was still running after the process died: killed before the commit.
     post_save_before_commit: usize,
+    /// The turns those kills left running: each one's next attempt must find the snapshot stale.
+    post_save_turns: Vec<i64>,
     crashes: Vec<String>,
     /// Workers that got the final SIGTERM before installing their handler (see `Fleet::stop`).
     sigterm_while_starting: usize,
@@ -400,21 +427,21 @@ struct Stats {
 }
 
 impl Stats {
-    /// Counts a kill; true when the killed process left a turn running.
-    async fn record_kill(&mut self, pool: &PgPool, pid: u32) -> bool {
+    /// Counts a kill; returns the turns the killed process left running.
+    async fn record_kill(&mut self, pool: &PgPool, pid: u32) -> Vec<i64> {
         self.kills += 1;
-        let running: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM turns WHERE state = 'running' AND worker_id LIKE $1",
+        let running: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM turns WHERE state = 'running' AND worker_id LIKE $1",
         )
         .bind(format!("%:{pid}:%"))
-        .fetch_one(pool)
+        .fetch_all(pool)
         .await
         .unwrap();
-        if running > 0 {
+        if !running.is_empty() {
             self.kills_busy += 1;
-            self.stranded += running;
+            self.stranded += running.len() as i64;
         }
-        running > 0
+        running
     }
 
     fn restart_crashed(&mut self, fleet: &mut Fleet) {
@@ -496,54 +523,43 @@ fn tmp_files(dir: &Path) -> Vec<(PathBuf, u32)> {
         .collect()
 }
 
-/// Kills aimed at snapshot saves: a worker whose `.tmp` file is there (mid-write), or
-/// whose watched `.tmp` file just became the `.llkv` (saved, completion not yet committed).
-async fn snipe(
-    pool: &PgPool,
-    fleet: &mut Fleet,
-    rng: &mut StdRng,
-    dir: &Path,
-    max: usize,
-    watching: &mut HashMap<PathBuf, u32>,
-    stats: &mut Stats,
-) {
-    let tmps = tmp_files(dir);
-    let renamed: Vec<(PathBuf, u32)> = watching
-        .iter()
-        .filter(|(path, _)| !tmps.iter().any(|(p, _)| p == *path))
-        .map(|(path, pid)| (path.clone(), *pid))
-        .collect();
-    for (path, pid) in renamed {
-        watching.remove(&path);
-        let Some(slot) = fleet.slot_of(pid) else {
+/// Aimed kills. Workers run with a stop point (`KVMEM_TEST_STOP_AT`) and stop themselves
+/// there: `mid_write` with half the snapshot bytes in its `.tmp` file, `after_save` with the
+/// snapshot renamed into place and the completion not yet committed. A stopped worker is
+/// SIGKILLed at exactly that step, then restarted aimed at whichever kind is still short of
+/// `required` kills, or not aimed once both are done.
+async fn aim(pool: &PgPool, fleet: &mut Fleet, dir: &Path, required: usize, stats: &mut Stats) {
+    for slot in 0..fleet.len() {
+        let Some((pid, point)) = fleet.stopped(slot) else {
             continue;
         };
-        if stats.post_save < max && rng.gen_bool(0.3) {
-            fleet.kill(slot);
-            stats.post_save += 1;
-            if stats.record_kill(pool, pid).await {
-                stats.post_save_before_commit += 1;
+        let tmp_before = tmp_files(dir).iter().any(|(_, p)| *p == pid);
+        fleet.kill(slot);
+        let running = stats.record_kill(pool, pid).await;
+        match point {
+            "mid_write" => {
+                stats.snipes += 1;
+                // The partial file is still there: the writer died mid-write.
+                if tmp_before && tmp_files(dir).iter().any(|(_, p)| *p == pid) {
+                    stats.snipes_mid_write += 1;
+                }
             }
-            fleet.start(slot);
-            return;
+            _ => {
+                stats.post_save += 1;
+                if !running.is_empty() {
+                    stats.post_save_before_commit += 1;
+                    stats.post_save_turns.extend(running);
+                }
+            }
         }
-    }
-    for (path, pid) in tmps {
-        let Some(slot) = fleet.slot_of(pid) else {
-            watching.remove(&path);
-            continue; // left by a process killed earlier
+        fleet.aims[slot] = if stats.snipes_mid_write < required {
+            Some("mid_write")
+        } else if stats.post_save_before_commit < required {
+            Some("after_save")
+        } else {
+            None
         };
-        if stats.snipes < max && rng.gen_bool(0.3) {
-            fleet.kill(slot);
-            stats.snipes += 1;
-            if path.exists() {
-                stats.snipes_mid_write += 1;
-            }
-            stats.record_kill(pool, pid).await;
-            fleet.start(slot);
-            return;
-        }
-        watching.insert(path, pid);
+        fleet.start(slot);
     }
 }
 
@@ -564,17 +580,34 @@ async fn chaos(
     let mut next_kill = Instant::now() + gap(rng);
     let mut next_sample = Instant::now();
     let mut next_report = Instant::now() + Duration::from_secs(5);
-    // Snapshot writes last a few ms: look often when aiming at them.
-    let tick = Duration::from_millis(if plan.snipe.is_some() { 1 } else { 5 });
-    let mut watching = HashMap::new();
-    while stats.timer_kills < plan.kills || !enqueuer.is_finished() {
+    let tick = Duration::from_millis(5);
+    let aims_done = |stats: &Stats| {
+        plan.snipe.as_ref().is_none_or(|(_, required)| {
+            stats.snipes_mid_write >= *required && stats.post_save_before_commit >= *required
+        })
+    };
+    while stats.timer_kills < plan.kills || !enqueuer.is_finished() || !aims_done(stats) {
+        assert!(
+            started.elapsed() < plan.drain_timeout,
+            "{}: aimed kills not done in {:?}: mid-write {}/{} after-save {}/{}",
+            plan.name,
+            plan.drain_timeout,
+            stats.snipes_mid_write,
+            stats.snipes,
+            stats.post_save_before_commit,
+            stats.post_save
+        );
         tokio::time::sleep(tick).await;
         stats.restart_crashed(fleet);
-        if let Some((dir, max)) = &plan.snipe {
-            snipe(pool, fleet, rng, dir, *max, &mut watching, stats).await;
+        if let Some((dir, required)) = &plan.snipe {
+            aim(pool, fleet, dir, *required, stats).await;
         }
         if stats.timer_kills < plan.kills && Instant::now() >= next_kill {
             let slot = rng.gen_range(0..fleet.len());
+            // A worker stopped at its stop point is the aimed kill's, not the timer's.
+            if fleet.stopped(slot).is_some() {
+                continue;
+            }
             if let Some(pid) = fleet.kill(slot) {
                 stats.timer_kills += 1;
                 stats.record_kill(pool, pid).await;
@@ -606,6 +639,9 @@ async fn drain(pool: &PgPool, fleet: &mut Fleet, plan: &Plan, stats: &mut Stats)
     let mut next_report = Instant::now() + Duration::from_secs(5);
     loop {
         stats.restart_crashed(fleet);
+        if let Some((dir, required)) = &plan.snipe {
+            aim(pool, fleet, dir, *required, stats).await;
+        }
         stats.sample(pool).await;
         let (done, pending, running) = progress(pool).await;
         if pending == 0 {
@@ -755,13 +791,13 @@ async fn verify(pool: &PgPool, expected: &BTreeMap<String, Vec<String>>, echo: b
                 ),
             );
         }
-        if r.users > 1 || r.assistants > 1 || r.ok_logs > 1 {
+        // Two messages rows per turn are ruled out by UNIQUE (turn_id, role); what can go
+        // wrong is a second successful attempt: a second OK log row (checked here) or one
+        // whose attempt is not the last (below).
+        if r.ok_logs > 1 {
             push(
                 &mut v.duplicates,
-                format!(
-                    "{who}: {} user rows, {} assistant rows, {} OK turn_log rows",
-                    r.users, r.assistants, r.ok_logs
-                ),
+                format!("{who}: {} OK turn_log rows", r.ok_logs),
             );
         }
         if r.reply.is_none() || r.users == 0 || r.assistants == 0 || r.ok_logs == 0 {
@@ -989,7 +1025,15 @@ async fn chaos_echo(pool: PgPool) {
     let verdict = verify(&pool, &plan.expected(), true).await;
     println!("{}", summary(plan.name, seed, &stats, &verdict, started));
     assert_eq!(verdict.turns, plan.all_sessions().len() * plan.turns);
-    assert!(stats.kills >= 20, "only {} kills", stats.kills);
+    // The kills must have hit work in flight, and stranded turns must have been re-run:
+    // otherwise this run proved nothing about recovery.
+    assert!(
+        stats.kills_busy * 3 >= stats.kills,
+        "only {} of {} kills hit a running turn",
+        stats.kills_busy,
+        stats.kills
+    );
+    assert!(verdict.retried > 0, "no turn needed a second attempt");
     assert_clean(plan.name, &verdict, &stats, &complaints);
 }
 
@@ -1005,7 +1049,7 @@ async fn chaos_llama(pool: PgPool) {
         turns: if long { 20 } else { 6 },
         kills: if long { 40 } else { 6 },
         kill_gap_ms: (300, 1500),
-        snipe: Some((kv.path().to_path_buf(), if long { 15 } else { 4 })),
+        snipe: Some((kv.path().to_path_buf(), if long { 15 } else { 3 })),
         drain_timeout: Duration::from_secs(if long { 1200 } else { 240 }),
     };
     let workers = if long { 3 } else { 2 };
@@ -1020,7 +1064,12 @@ async fn chaos_llama(pool: PgPool) {
     enqueue_backlog(&pool, &plan, &owners).await;
     let url = db_url(&pool).await;
     let logs = log_dir(plan.name);
-    let mut fleet = Fleet::new(&url, generator.clone(), &logs, workers);
+    // Slot 0 stops itself mid snapshot write, slot 1 after the save and before the commit;
+    // the rest (long run) are only killed by the timer.
+    let mut aims = vec![None; workers];
+    aims[0] = Some("mid_write");
+    aims[1] = Some("after_save");
+    let mut fleet = Fleet::aimed(&url, generator.clone(), &logs, aims);
     let trickle = spawn_trickle(&pool, &plan, &owners, seed ^ 1);
     let mut stats = Stats::default();
 
@@ -1107,7 +1156,35 @@ async fn chaos_llama(pool: PgPool) {
         plan.name
     );
     assert_eq!(verdict.turns, plan.all_sessions().len() * (plan.turns + 1));
-    assert!(stats.kills >= 6, "only {} kills", stats.kills);
+    // The aimed kills happened, each at its step, as many as the plan requires ...
+    let required = plan.snipe.as_ref().map_or(0, |(_, n)| *n);
+    assert!(
+        stats.snipes_mid_write >= required,
+        "kills mid snapshot write: {} (of {} aimed), need {required}",
+        stats.snipes_mid_write,
+        stats.snipes
+    );
+    assert!(
+        stats.post_save_before_commit >= required,
+        "kills between save and commit: {} (of {} aimed), need {required}",
+        stats.post_save_before_commit,
+        stats.post_save
+    );
+    // ... and every turn killed between its save and its commit found that snapshot stale
+    // when it ran again: it never resumed the KV of an attempt that did not commit.
+    let stale_turns: Vec<i64> = sqlx::query_scalar(
+        "SELECT DISTINCT turn_id FROM turn_log WHERE turn_id = ANY($1) AND cold_reason LIKE 'stale%'",
+    )
+    .bind(&stats.post_save_turns)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut missing_stale: Vec<i64> = stats.post_save_turns.clone();
+    missing_stale.retain(|t| !stale_turns.contains(t));
+    assert!(
+        missing_stale.is_empty(),
+        "turns killed after their save that never started stale: {missing_stale:?}"
+    );
     assert!(
         snapshot_problems.is_empty(),
         "snapshots:\n{}",

@@ -219,9 +219,30 @@ async fn fact_writes_trigger_rebuilds_through_notify(pool: PgPool) {
         tok,
         180,
         Duration::from_secs(30),
+        Arc::new(kvmem::metrics::Metrics::new()),
         shutdown.clone(),
     ));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Write only once the rebuilder's LISTEN has run, so the rebuild below can come from
+    // NOTIFY alone (the start-up rescan has passed, the next poll is 30 s away).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE datname = current_database() AND state = 'idle'
+                AND query ILIKE 'LISTEN%kvmem_facts%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if listening > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rebuilder never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     fact(&pool, "s", "quest", "relic", "Find the relic").await;
     let v1 = wait_for_digest(&pool, "s", |c| c.contains("Quest: Find the relic")).await;
     sqlx::query("DELETE FROM facts WHERE session_id = 's'")
@@ -250,6 +271,7 @@ async fn dirty_markers_written_while_no_one_listens_are_rebuilt_on_start(pool: P
         tok,
         180,
         Duration::from_secs(30),
+        Arc::new(kvmem::metrics::Metrics::new()),
         shutdown.clone(),
     ));
     wait_for_digest(&pool, "s", |c| c == "Debt: Owes 5").await;
@@ -274,6 +296,7 @@ async fn an_expiring_buff_leaves_the_digest_without_any_write(pool: PgPool) {
         tok,
         180,
         Duration::from_secs(30),
+        Arc::new(kvmem::metrics::Metrics::new()),
         shutdown.clone(),
     ));
     wait_for_digest(&pool, "s", |c| c.contains("Buff: Shielded")).await;

@@ -25,14 +25,21 @@ impl Drop for Server {
     }
 }
 
-async fn start(deps: Option<Deps>, pool: &PgPool, settings: kvmem::config::Settings) -> Server {
+/// `metrics` is what `/metrics` renders: the test's own registry, never another test's.
+async fn start(
+    deps: Option<Deps>,
+    pool: &PgPool,
+    settings: kvmem::config::Settings,
+    metrics: Arc<kvmem::metrics::Metrics>,
+) -> Server {
     let shutdown = CancellationToken::new();
     if let Some(deps) = deps {
         tokio::spawn(worker::run(deps, shutdown.clone()));
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let state = AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32));
+    let state =
+        AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32)).with_metrics(metrics);
     tokio::spawn(http::serve(listener, state, shutdown.clone()));
     Server { base, shutdown }
 }
@@ -60,7 +67,8 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
         load_engine(&tiny_model(), &s),
         "http-worker",
     );
-    let server = start(Some(deps), &pool, s).await;
+    let metrics = deps.metrics.clone();
+    let server = start(Some(deps), &pool, s, metrics).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", server.base);
 
@@ -197,7 +205,7 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
 async fn chat_times_out_with_504_when_no_worker_runs(pool: PgPool) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
-    let server = start(None, &pool, settings(json!({}))).await;
+    let server = start(None, &pool, settings(json!({})), Default::default()).await;
     let r = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", server.base))
         .header("X-Timeout-Ms", "300")
@@ -225,7 +233,7 @@ async fn rotate_hint_info_and_metrics(pool: PgPool) {
     for msg in ["one", "two", "three"] {
         one_turn(&deps, "s1", "u1", ch, msg).await;
     }
-    let server = start(None, &pool, s).await;
+    let server = start(None, &pool, s, deps.metrics.clone()).await;
     let client = reqwest::Client::new();
 
     let hint: Value = client
@@ -298,7 +306,8 @@ async fn rotate_hint_info_and_metrics(pool: PgPool) {
             })
             .sum::<f64>()
     };
-    assert!(value("kvmem_turns_total") >= 3.0, "{text}");
+    // This test's own registry: exactly its three turns.
+    assert_eq!(value("kvmem_turns_total"), 3.0, "{text}");
     assert_eq!(value("kvmem_queue_depth"), 3.0, "{text}");
     assert!(
         scrape

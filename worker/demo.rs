@@ -133,6 +133,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         settings: settings.clone(),
         generator: Generator::Llama(Arc::new(pipeline)),
         worker_id: worker::new_worker_id(),
+        metrics: crate::metrics::global(),
     };
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(worker::run(deps, shutdown.clone()));

@@ -12,6 +12,7 @@ use sqlx::{PgPool, Row};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::metrics::Metrics;
 use crate::tokens::TokenCount;
 
 /// Channel the `facts` trigger notifies, payload = session id.
@@ -166,6 +167,7 @@ pub async fn rebuild(
     session_id: &str,
     max_tokens: usize,
     tok: &dyn TokenCount,
+    metrics: &Metrics,
 ) -> Result<(Built, bool), sqlx::Error> {
     let marked: Option<DateTime<Utc>> =
         sqlx::query_scalar("SELECT marked_at FROM digest_dirty WHERE session_id = $1")
@@ -191,7 +193,7 @@ pub async fn rebuild(
     }
     let changed = changed.is_some();
     if changed {
-        crate::metrics::global().digest_rebuilt();
+        metrics.digest_rebuilt();
         sqlx::query(
             "INSERT INTO events (session_id, kind, detail) VALUES ($1, 'digest_rebuilt', $2)",
         )
@@ -209,6 +211,7 @@ pub async fn current(
     session_id: &str,
     max_tokens: usize,
     tok: &dyn TokenCount,
+    metrics: &Metrics,
 ) -> Result<Stored, sqlx::Error> {
     let row = sqlx::query(
         "SELECT digest_version, digest_content FROM state_digest
@@ -224,7 +227,7 @@ pub async fn current(
             content: row.try_get("digest_content")?,
         });
     }
-    let (built, _) = rebuild(pool, session_id, max_tokens, tok).await?;
+    let (built, _) = rebuild(pool, session_id, max_tokens, tok, metrics).await?;
     Ok(Stored {
         version: built.version,
         content: built.content,
@@ -238,11 +241,12 @@ pub async fn run_rebuilder(
     tok: Arc<dyn TokenCount>,
     max_tokens: usize,
     poll: Duration,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
-        match listen_and_rebuild(&pool, tok.as_ref(), max_tokens, poll, &shutdown).await {
+        match listen_and_rebuild(&pool, tok.as_ref(), max_tokens, poll, &metrics, &shutdown).await {
             Ok(()) => return,
             Err(e) => {
                 failures = (failures + 1).min(8);
@@ -261,13 +265,14 @@ async fn listen_and_rebuild(
     tok: &dyn TokenCount,
     max_tokens: usize,
     poll: Duration,
+    metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<(), sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(FACTS_CHANNEL).await?;
     info!("digest rebuilder listening");
     // Anything marked while we were not listening is found here.
-    rebuild_due(pool, tok, max_tokens).await?;
+    rebuild_due(pool, tok, max_tokens, metrics).await?;
     loop {
         let wait = next_wait(pool, poll).await?;
         tokio::select! {
@@ -275,16 +280,16 @@ async fn listen_and_rebuild(
             n = listener.try_recv() => match n? {
                 Some(n) => {
                     let sid = n.payload().to_string();
-                    let (built, changed) = rebuild(pool, &sid, max_tokens, tok).await?;
+                    let (built, changed) = rebuild(pool, &sid, max_tokens, tok, metrics).await?;
                     debug!(sid, changed, version = %built.version, "digest rebuilt on notify");
                 }
                 None => {
                     warn!("digest listener reconnected; rescanning dirty markers");
-                    rebuild_due(pool, tok, max_tokens).await?;
+                    rebuild_due(pool, tok, max_tokens, metrics).await?;
                 }
             },
             _ = tokio::time::sleep(wait) => {
-                rebuild_due(pool, tok, max_tokens).await?;
+                rebuild_due(pool, tok, max_tokens, metrics).await?;
             }
         }
     }
@@ -307,12 +312,13 @@ pub async fn rebuild_due(
     pool: &PgPool,
     tok: &dyn TokenCount,
     max_tokens: usize,
+    metrics: &Metrics,
 ) -> Result<usize, sqlx::Error> {
     let due: Vec<String> = sqlx::query_scalar(include_str!("../sql/digest/due.sql"))
         .fetch_all(pool)
         .await?;
     for sid in &due {
-        rebuild(pool, sid, max_tokens, tok).await?;
+        rebuild(pool, sid, max_tokens, tok, metrics).await?;
     }
     Ok(due.len())
 }

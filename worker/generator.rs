@@ -131,6 +131,7 @@ impl Generator {
                     Arc::new(crate::tokens::WordCount),
                     deps.settings.digest_max_tokens as usize,
                     Duration::from_millis(deps.settings.poll_ms.max(100)),
+                    deps.metrics.clone(),
                     shutdown,
                 ));
             }

@@ -32,6 +32,8 @@ pub struct AppState {
     pub settings: Arc<Settings>,
     /// SHA-256 of the configured model file ("" when no model is configured).
     pub model_sha: String,
+    /// What `/metrics` renders: the process-wide registry unless set otherwise.
+    pub metrics: Arc<crate::metrics::Metrics>,
     done: broadcast::Sender<i64>,
 }
 
@@ -42,8 +44,15 @@ impl AppState {
             pool,
             settings,
             model_sha,
+            metrics: crate::metrics::global(),
             done,
         }
+    }
+
+    /// Renders `metrics` at `/metrics` (a worker's own registry, in tests).
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> AppState {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -558,7 +567,7 @@ async fn info(State(state): State<AppState>) -> Result<Response, ApiError> {
 }
 
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let text = crate::metrics::global().render(&state.pool).await?;
+    let text = state.metrics.render(&state.pool).await?;
     Ok((
         [(
             "content-type",

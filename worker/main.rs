@@ -166,9 +166,15 @@ async fn main() -> Result<()> {
             let tok = token_counter(&settings)?;
             let max = settings.digest_max_tokens as usize;
             let built = if store {
-                kvmem::digest::rebuild(&pool, &session, max, tok.as_ref())
-                    .await?
-                    .0
+                kvmem::digest::rebuild(
+                    &pool,
+                    &session,
+                    max,
+                    tok.as_ref(),
+                    &kvmem::metrics::global(),
+                )
+                .await?
+                .0
             } else {
                 kvmem::digest::build_for(&pool, &session, max, tok.as_ref()).await?
             };
@@ -349,6 +355,7 @@ async fn build_deps(
         settings,
         generator,
         worker_id: worker::new_worker_id(),
+        metrics: kvmem::metrics::global(),
     })
 }
 

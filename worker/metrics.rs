@@ -1,7 +1,7 @@
 //! Prometheus metrics. Counters and histograms are observed in-process as turns finish;
 //! queue depth is read from Postgres at scrape time, so it is the same from any process.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -41,14 +41,22 @@ pub struct Metrics {
     queue_depth: Family<QueueLabel, Gauge>,
 }
 
-/// The process-wide metrics.
-pub fn global() -> &'static Metrics {
-    static METRICS: OnceLock<Metrics> = OnceLock::new();
-    METRICS.get_or_init(Metrics::new)
+/// The process-wide metrics: what `kvmem worker` and `kvmem serve` count into and expose.
+/// Tests give each worker and server a registry of their own ([`Metrics::new`]), so
+/// parallel tests never see each other's counts.
+pub fn global() -> Arc<Metrics> {
+    static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
+    METRICS.get_or_init(|| Arc::new(Metrics::new())).clone()
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
 }
 
 impl Metrics {
-    fn new() -> Metrics {
+    pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("kvmem");
         let m = Metrics {
             turns: Family::default(),

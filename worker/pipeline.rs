@@ -382,6 +382,7 @@ impl TurnPipeline {
             &turn.session_id,
             s.digest_max_tokens as usize,
             tok,
+            &deps.metrics,
         )
         .await?;
         let last_done = crate::queue::last_done(&deps.pool, &turn.session_id)
@@ -638,6 +639,7 @@ impl TurnPipeline {
             &turn.session_id,
             self.settings.digest_max_tokens as usize,
             tok,
+            &deps.metrics,
         )
         .await
         {
@@ -658,6 +660,7 @@ impl TurnPipeline {
             tok,
             self.settings.digest_max_tokens as usize,
             std::time::Duration::from_millis(self.settings.poll_ms.max(100)),
+            deps.metrics.clone(),
             shutdown,
         ));
     }

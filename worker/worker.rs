@@ -43,6 +43,8 @@ pub struct Deps {
     pub settings: Arc<Settings>,
     pub generator: Generator,
     pub worker_id: String,
+    /// Where this worker counts (the process-wide registry outside tests).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Deps {
@@ -153,7 +155,7 @@ async fn finish_ok(
     match committed {
         Ok(()) => {
             log.emit();
-            crate::metrics::global().turn(&log);
+            deps.metrics.turn(&log);
             info!(latency_ms = log.latency_ms, "completed");
             deps.generator.after_turn(deps, turn).await;
             Ok(Outcome::Done(turn.id))
@@ -180,7 +182,7 @@ async fn finish_err(deps: &Deps, turn: &ClaimedTurn, err: TurnError) -> queue::R
         .failed(&message);
     log.finish();
     log.emit();
-    crate::metrics::global().turn(&log);
+    deps.metrics.turn(&log);
     let state = match queue::fail(
         &deps.pool,
         turn,
@@ -302,6 +304,7 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerEr
         deps.pool.clone(),
         deps.settings.complete_batch as usize,
         wake.clone(),
+        deps.metrics.clone(),
     );
     tasks.spawn(fetch_loop(deps.clone(), wake, completer, shutdown.clone()));
     info!(
@@ -457,10 +460,11 @@ impl Completer {
         pool: PgPool,
         max: usize,
         wake: Arc<Notify>,
+        metrics: Arc<crate::metrics::Metrics>,
     ) -> (Completer, tokio::task::JoinHandle<()>) {
         let max = max.max(1);
         let (tx, rx) = mpsc::channel(max * 2);
-        let task = tokio::spawn(commit_loop(pool, max, rx, wake));
+        let task = tokio::spawn(commit_loop(pool, max, rx, wake, metrics));
         (Completer { tx }, task)
     }
 
@@ -474,7 +478,13 @@ impl Completer {
     }
 }
 
-async fn commit_loop(pool: PgPool, max: usize, mut rx: mpsc::Receiver<Pending>, wake: Arc<Notify>) {
+async fn commit_loop(
+    pool: PgPool,
+    max: usize,
+    mut rx: mpsc::Receiver<Pending>,
+    wake: Arc<Notify>,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
     while let Some(first) = rx.recv().await {
         let mut pending = vec![first];
         while pending.len() < max {
@@ -497,7 +507,7 @@ async fn commit_loop(pool: PgPool, max: usize, mut rx: mpsc::Receiver<Pending>, 
                 results
             }
         };
-        crate::metrics::global().commit_batch(batch.len());
+        metrics.commit_batch(batch.len());
         for (reply, result) in replies.into_iter().zip(results) {
             let _ = reply.send(result);
         }
@@ -550,7 +560,7 @@ async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
-                crate::metrics::global().reaped(reaped.len());
+                deps.metrics.reaped(reaped.len());
                 for r in &reaped {
                     warn!(turn_id = %r.turn_id, sid = %r.session_id, state = ?r.state, "reaped expired lease");
                 }

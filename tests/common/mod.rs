@@ -82,6 +82,7 @@ pub fn echo_deps(pool: &PgPool, settings: Settings, worker_id: &str) -> Deps {
             delay: Duration::ZERO,
         },
         worker_id: worker_id.to_string(),
+        metrics: Arc::new(kvmem::metrics::Metrics::new()),
     }
 }
 
@@ -145,6 +146,7 @@ pub fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>, worker
         settings,
         generator: Generator::Llama(Arc::new(pipeline)),
         worker_id: worker_id.to_string(),
+        metrics: Arc::new(kvmem::metrics::Metrics::new()),
     }
 }
 
