@@ -63,6 +63,18 @@ async fn runbook(pool: PgPool, model: std::path::PathBuf, other_model: std::path
     let t1 = say(&deps).await;
     assert!(t1.cold && t1.digest_injected, "T1 {t1:?}");
     assert!(t1.s_tokens > 0);
+    // Seed 000's rule, derived here without the digest module: `{Type}: {value}` lines,
+    // sorted, joined by newlines, SHA-256 of that text.
+    let expected = "Debt: Owes 500 credits to First Bank\n\
+                    Relationship: Allied with Tech Syndicate (+15 standing)";
+    let want = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(expected.as_bytes()))
+    };
+    assert_eq!(
+        t1.digest_version, want,
+        "digest_version of the seed's two facts"
+    );
     for _ in 2..=3 {
         let t = say(&deps).await;
         assert!(!t.cold && t.loaded && !t.digest_injected, "{t:?}");

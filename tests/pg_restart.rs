@@ -1,6 +1,8 @@
-//! Postgres restarts under load: workers reconnect with backoff, LISTEN comes back, the
-//! dirty-marker rescan runs, and no turn or digest rebuild is lost or doubled. Uses a
-//! cluster of its own (ops/pg), because restarting the shared test cluster would break
+//! Postgres restarts and crashes under load, with turns in flight: workers reconnect with
+//! backoff, LISTEN comes back, the dirty-marker rescan runs, and no turn or digest rebuild
+//! is lost or doubled. Two outages: a clean restart (`pg_ctl restart -m fast`) and a crash
+//! (`pg_ctl stop -m immediate`, no checkpoint, then crash recovery on start). Each test uses
+//! a cluster of its own (ops/pg), because restarting the shared test cluster would break
 //! the other suites running beside it.
 
 mod common;
@@ -20,9 +22,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start() -> Cluster {
-        let dir = format!("/tmp/kvmem-pg-restart-{}", std::process::id());
-        let port = (55000 + std::process::id() % 1000).to_string();
+    fn start(n: u32) -> Cluster {
+        let dir = format!("/tmp/kvmem-pg-restart-{}-{n}", std::process::id());
+        let port = (55000 + (std::process::id() % 500) * 2 + n).to_string();
         let out = Command::new(PG)
             .arg("start")
             .env_remove("DATABASE_URL")
@@ -40,9 +42,10 @@ impl Cluster {
         Cluster { dir, port, url }
     }
 
-    fn restart(&self) {
+    /// `restart` or `crash` (see ops/pg).
+    fn outage(&self, how: &str) {
         let out = Command::new(PG)
-            .arg("restart")
+            .arg(how)
             .env("KVMEM_PG_DIR", &self.dir)
             .env("KVMEM_PG_PORT", &self.port)
             .output()
@@ -80,8 +83,9 @@ fn worker(url: &str) -> Child {
             "echo",
             "--concurrency",
             "2",
+            // Long enough that turns are surely in flight when the database goes away.
             "--echo-delay-ms",
-            "5",
+            "100",
         ])
         .env("KVMEM_MODEL_PATH", tiny_model())
         .stdout(Stdio::null())
@@ -126,7 +130,16 @@ async fn write_fact(pool: &PgPool, sid: &str, step: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_survive_a_postgres_restart_and_lose_nothing() {
-    let cluster = Cluster::start();
+    outage_under_load(0, "restart").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_survive_a_postgres_crash_and_lose_nothing() {
+    outage_under_load(1, "crash").await;
+}
+
+async fn outage_under_load(n: u32, how: &str) {
+    let cluster = Cluster::start(n);
     let pool = kvmem::db::connect(&cluster.url, 4).await.unwrap();
     kvmem::db::migrate(&pool).await.unwrap();
     let ch: i64 = sqlx::query_scalar(
@@ -138,13 +151,27 @@ async fn workers_survive_a_postgres_restart_and_lose_nothing() {
     let _workers = Workers(vec![worker(&cluster.url), worker(&cluster.url)]);
     let (sessions, turns) = (20, 10);
     let mut ids = Vec::new();
+    let mut in_flight: Vec<i64> = Vec::new();
     for t in 0..turns {
         if t == turns / 2 {
             // Mid-run: facts, then the restart, then more facts written right after it.
             for s in 0..sessions {
                 write_fact(&pool, &format!("s{s}"), 1).await;
             }
-            cluster.restart();
+            // The outage must catch turns mid-flight: wait until some run, and remember them.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                in_flight = sqlx::query_scalar("SELECT id FROM turns WHERE state = 'running'")
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+                if !in_flight.is_empty() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "no turn ever ran");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            cluster.outage(how);
             for s in 0..sessions / 2 {
                 write_fact(&pool, &format!("s{s}"), 2).await;
             }
@@ -180,31 +207,44 @@ async fn workers_survive_a_postgres_restart_and_lose_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // Exactly one reply per turn.
-    let per_turn: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT t.id, count(m.id) FROM turns t LEFT JOIN messages m ON m.turn_id = t.id AND m.role = 'assistant' GROUP BY t.id",
+    // Exactly one successful attempt per turn (a second one would be a duplicate reply),
+    // its reply stored, and the turns that were in flight at the outage among them.
+    let per_turn: Vec<(i64, i64, bool)> = sqlx::query_as(
+        "SELECT t.id,
+                (SELECT count(*) FROM turn_log l WHERE l.turn_id = t.id AND l.status = 'OK'),
+                EXISTS (SELECT 1 FROM messages m WHERE m.turn_id = t.id AND m.role = 'assistant'
+                           AND m.content = t.reply AND t.reply = 'echo: ' || t.message)
+           FROM turns t",
     )
     .fetch_all(&pool)
     .await
     .unwrap();
     assert_eq!(per_turn.len(), ids.len());
-    assert!(per_turn.iter().all(|(_, n)| *n == 1));
+    let wrong: Vec<_> = per_turn
+        .iter()
+        .filter(|(_, ok, reply)| *ok != 1 || !reply)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "turns without exactly one OK attempt and its reply: {wrong:?}"
+    );
+    assert!(!in_flight.is_empty());
+    assert!(in_flight.iter().all(|id| ids.contains(id)));
     // Every digest caught up, including facts written right after the restart.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut stale = Vec::new();
         for s in 0..sessions {
             let sid = format!("s{s}");
-            let want = kvmem::digest::build_for(&pool, &sid, 180, &kvmem::tokens::WordCount)
-                .await
-                .unwrap();
+            // The last write wins: step 2 for the first half of the sessions, else step 1.
+            let want = format!("Quest: Quest step {}", if s < sessions / 2 { 2 } else { 1 });
             let have: Option<String> =
-                sqlx::query_scalar("SELECT digest_version FROM state_digest WHERE session_id = $1")
+                sqlx::query_scalar("SELECT digest_content FROM state_digest WHERE session_id = $1")
                     .bind(&sid)
                     .fetch_optional(&pool)
                     .await
                     .unwrap();
-            if have.as_deref() != Some(want.version.as_str()) {
+            if have.as_deref() != Some(want.as_str()) {
                 stale.push(sid);
             }
         }

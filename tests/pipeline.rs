@@ -339,12 +339,52 @@ async fn cold_start_rereads_the_dialogue(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(path, "rollback");
-    // Cold turns re-read history: the prefill grows with the dialogue.
-    let prefill: Vec<i32> = sqlx::query_scalar("SELECT tokens_loaded FROM turn_log ORDER BY id")
+    // Nothing is ever restored on this path.
+    let loaded: Vec<i32> = sqlx::query_scalar("SELECT tokens_loaded FROM turn_log ORDER BY id")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert!(prefill.iter().all(|&p| p == 0));
+    assert_eq!(loaded, vec![0, 0, 0, 0]);
+}
+
+/// A cold start (the snapshot is gone) prefills the earlier exchanges from `messages`: the
+/// KV it saves holds every earlier user message, not only the new turn.
+#[sqlx::test(migrations = false)]
+async fn a_cold_start_prefills_the_earlier_exchanges(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({ "kv_tail_tokens": 900 }));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let words = ["amber", "basalt", "cobalt"];
+    for w in words {
+        let (_, log) = one_turn(&deps, "s", "u1", ch, &format!("remember {w}")).await;
+        assert_eq!(log.status, "OK");
+    }
+    let files = files_with_ext(dir.path(), ".llkv");
+    assert_eq!(files.len(), 1);
+    std::fs::remove_file(&files[0]).unwrap();
+
+    let (_, log) = one_turn(&deps, "s", "u1", ch, "what did I say?").await;
+    assert_eq!(log.status, "OK", "{log:?}");
+    assert!(log.cold, "{log:?}");
+    assert_eq!(log.cold_reason.as_deref(), Some("no snapshot"));
+
+    let bytes = std::fs::read(&files_with_ext(dir.path(), ".llkv")[0]).unwrap();
+    let snap = snapshot::decode(&bytes, Limits::LOOSE).unwrap();
+    let tokens: Vec<_> = snap
+        .token_ids
+        .iter()
+        .map(|&t| llama_cpp_2::token::LlamaToken::new(t))
+        .collect();
+    let text = engine.detokenize(&tokens);
+    for w in words {
+        assert!(
+            text.contains(&format!("remember {w}")),
+            "{w} missing from the rebuilt KV: {text}"
+        );
+    }
 }
 
 #[sqlx::test(migrations = false)]

@@ -462,7 +462,8 @@ impl<'e, 'c> KvSession<'e, 'c> {
             if self.engine.is_eog(t) {
                 break;
             }
-            sampler.accept(t);
+            // `sample` has already accepted `t` into the chain (llama_sampler_sample does):
+            // accepting again would count every token twice in the penalty window.
             out.push(t);
             batch.clear();
             let pos = (self.tokens.len() + out.len() - 1) as i32;
