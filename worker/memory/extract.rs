@@ -10,7 +10,11 @@ use std::sync::Arc;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
+use llama_cpp_2::token::LlamaToken;
 use serde::Deserialize;
 
 use super::filters::{
@@ -115,7 +119,8 @@ const ENTITY_TYPES: [&str; 4] = ["person", "place", "org", "project"];
 /// order, enums as alternatives and every string bounded, so the worst case fits the
 /// token budget on most outputs and a cut-off answer can be closed mechanically.
 pub const FACTS_GRAMMAR: &str = r#"
-root    ::= "[" ( fact ( ", " fact ){0,3} )? "]"
+root    ::= "[" ( facts )? "]"
+facts   ::= fact ( ", " fact ){0,3}
 fact    ::= "{\"text\": " text ", \"fact_type\": " ftype ", \"kind\": " kind ", \"entity_type\": " etype ", \"entity_label\": " label ", \"entity_refs\": " refs ", \"importance\": " [0-3] ", \"confidence\": " conf ", \"evidence\": " evid "}"
 ftype   ::= "\"preference\"" | "\"profile\"" | "\"relationship\"" | "\"project\"" | "\"other\""
 kind    ::= "\"profile\"" | "\"people\"" | "\"project\""
@@ -129,20 +134,22 @@ evid    ::= "null" | "\"" char{1,120} "\""
 char    ::= [^"\\\x00-\x1f] | "\\" ["\\/]
 "#;
 
-const EXTRACT_SYSTEM: &str = "You extract durable facts about the speaker from one chat message. \
-Answer with a JSON array of at most 4 facts. A fact is something that stays true: the speaker's \
-preferences, profile (job, age, home, background), relationships (people in their life and who \
-they are) and projects. Write each fact as one short sentence in the third person, naming the \
-speaker. Copy names, places and numbers exactly as written in the message and never add anything \
-the message does not say. Skip greetings, questions, moods and anything about the assistant. \
-evidence is the exact words of the message that state the fact. If the message holds no durable \
-fact, answer [].\n\
-Example message: \"Dana: I moved to Oslo last spring and I teach chemistry.\"\n\
-Example answer: [{\"text\": \"Dana lives in Oslo.\", \"fact_type\": \"profile\", \"kind\": \"profile\", \
-\"entity_type\": \"place\", \"entity_label\": \"Oslo\", \"entity_refs\": [\"place:oslo\"], \"importance\": 2, \
-\"confidence\": 0.9, \"evidence\": \"I moved to Oslo last spring\"}, {\"text\": \"Dana teaches chemistry.\", \
-\"fact_type\": \"profile\", \"kind\": \"profile\", \"entity_type\": null, \"entity_label\": null, \
-\"entity_refs\": [], \"importance\": 2, \"confidence\": 0.9, \"evidence\": \"I teach chemistry\"}]";
+/// [`FACTS_GRAMMAR`] with at least one fact. SmolLM2-135M picks `]` whenever the grammar
+/// allows it, even for "My sister Priya lives in Lisbon"; made to write a fact, it writes
+/// a sensible one. Whether a message holds a fact is then the filters' call.
+pub fn facts_grammar_nonempty() -> String {
+    FACTS_GRAMMAR.replace(
+        "root    ::= \"[\" ( facts )? \"]\"",
+        "root    ::= \"[\" facts \"]\"",
+    )
+}
+
+const EXTRACT_SYSTEM: &str = "List durable facts about the speaker from their message as JSON. Each \
+fact is one short third-person sentence using the speaker's name, with words copied from the \
+message. At most 4 facts.\n\
+Example: \"Dana: I moved to Oslo and I teach chemistry.\" gives [{\"text\": \"Dana lives in Oslo.\", \
+\"fact_type\": \"profile\", \"kind\": \"profile\", \"entity_type\": \"place\", \"entity_label\": \"Oslo\", \
+\"entity_refs\": [\"place:oslo\"], \"importance\": 2, \"confidence\": 0.9, \"evidence\": \"I moved to Oslo\"}]";
 
 const MERGE_SYSTEM: &str = "You keep a short memory about a person, written in the third person. \
 You are given the current memory and one new fact. Rewrite the memory so that it includes the new \
@@ -173,23 +180,14 @@ pub fn generate(
         });
     }
     let model = engine.model();
-    let mut chain = Vec::new();
-    if let Some(g) = grammar {
-        // Grammar first: the penalty then only reorders tokens the grammar allows.
-        chain.push(
-            LlamaSampler::grammar(model, g, "root")
-                .map_err(|e| ExtractError::Grammar(e.to_string()))?,
-        );
-    }
-    chain.push(LlamaSampler::penalties(
-        model.n_vocab(),
-        PENALTY_LAST_N,
-        PENALTY_REPEAT,
-        0.0,
-        0.0,
-    ));
-    chain.push(LlamaSampler::greedy());
-    let mut sampler = LlamaSampler::chain_simple(chain);
+    let mut grammar = grammar
+        .map(|g| LlamaSampler::grammar(model, g, "root"))
+        .transpose()
+        .map_err(|e| ExtractError::Grammar(e.to_string()))?;
+    let mut pick = LlamaSampler::chain_simple([
+        LlamaSampler::penalties(model.n_vocab(), PENALTY_LAST_N, PENALTY_REPEAT, 0.0, 0.0),
+        LlamaSampler::greedy(),
+    ]);
 
     ctx.clear_kv_cache();
     let decode_err = |e: &dyn std::fmt::Display| ExtractError::Decode(e.to_string());
@@ -210,9 +208,7 @@ pub fn generate(
     let mut logits_idx = batch.n_tokens() - 1;
     let mut finished = false;
     while (out.len() as u32) < max_tokens {
-        // sample() also accepts the token into every sampler of the chain (grammar state,
-        // penalty history); accepting again would advance the grammar twice.
-        let t = sampler.sample(ctx, logits_idx);
+        let t = next_token(model, ctx, logits_idx, &mut pick, grammar.as_mut())?;
         if model.vocab().is_eog(t) {
             finished = true;
             break;
@@ -228,6 +224,39 @@ pub fn generate(
     Ok((engine.detokenize(&out), !finished))
 }
 
+/// Greedy pick under the penalty, checked against the grammar. Running the grammar over
+/// the whole 49k vocabulary can cost more than a decode step of a small model, so the
+/// unconstrained pick is checked alone first, and the full constrained pass runs only
+/// when the grammar rejects it (llama.cpp's common sampler does the same). Both samplers
+/// accept the chosen token here; nothing else may accept it again.
+fn next_token(
+    model: &LlamaModel,
+    ctx: &LlamaContext<'_>,
+    idx: i32,
+    pick: &mut LlamaSampler,
+    grammar: Option<&mut LlamaSampler>,
+) -> Result<LlamaToken, ExtractError> {
+    let no_pick = || ExtractError::Decode("the sampler selected no token".into());
+    let mut cur = ctx.token_data_array_ith(idx);
+    pick.apply(&mut cur);
+    let mut t = cur.selected_token().ok_or_else(no_pick)?;
+    if let Some(g) = grammar {
+        let mut single = LlamaTokenDataArray::new(vec![LlamaTokenData::new(t, 0.0, 0.0)], false);
+        g.apply(&mut single);
+        if single.data[0].logit() == f32::NEG_INFINITY {
+            let mut cur = ctx.token_data_array_ith(idx);
+            g.apply(&mut cur);
+            pick.apply(&mut cur);
+            t = cur.selected_token().ok_or_else(no_pick)?;
+        }
+        if !model.vocab().is_eog(t) {
+            g.accept(t);
+        }
+    }
+    pick.accept(t);
+    Ok(t)
+}
+
 /// [`generate`] under a grammar; returns the answer text, cut off if the budget ran out.
 pub fn generate_json(
     engine: &Engine,
@@ -241,8 +270,8 @@ pub fn generate_json(
 }
 
 /// Closes a JSON array cut off by the token budget after its last complete element:
-/// `[{..}, {..}, {"te` becomes `[{..}, {..}]`. `None` when no element was completed or the
-/// text does not start an array. Complete text is returned unchanged.
+/// `[{..}, {..}, {"te` becomes `[{..}, {..}]`, and `[{"te` becomes `[]`. `None` when the
+/// text does not start an array. A complete array is returned as is, without what follows.
 pub fn close_truncated_array(s: &str) -> Option<String> {
     let t = s.trim_start();
     if !t.starts_with('[') {
@@ -447,6 +476,10 @@ pub struct Extractor {
     engine: Arc<Engine>,
     /// Token budget per message; see [`EXTRACT_MAX_TOKENS`].
     pub max_tokens: u32,
+    /// Let the model answer `[]` ([`FACTS_GRAMMAR`]). Off by default: small models then
+    /// never extract anything (see [`facts_grammar_nonempty`]).
+    pub allow_empty: bool,
+    nonempty_grammar: String,
 }
 
 impl Extractor {
@@ -454,6 +487,8 @@ impl Extractor {
         Extractor {
             engine,
             max_tokens: EXTRACT_MAX_TOKENS,
+            allow_empty: false,
+            nonempty_grammar: facts_grammar_nonempty(),
         }
     }
 
@@ -477,7 +512,11 @@ impl Extractor {
             ctx,
             EXTRACT_SYSTEM,
             &user,
-            Some(FACTS_GRAMMAR),
+            Some(if self.allow_empty {
+                FACTS_GRAMMAR
+            } else {
+                &self.nonempty_grammar
+            }),
             self.max_tokens,
         )?;
         Ok(postprocess(&raw, speaker, text, truncated))
