@@ -174,6 +174,12 @@ impl Engine {
             .map_err(|e| EngineError::Context(e.to_string()))
     }
 
+    /// The loaded model, for samplers that need its vocabulary (the grammar that constrains
+    /// memory extraction to JSON).
+    pub fn model(&self) -> &'static LlamaModel {
+        self.model
+    }
+
     /// Tokenizes text with no special-token parsing: user text can never forge control tokens.
     pub fn tokenize_plain(&self, text: &str) -> Vec<LlamaToken> {
         self.model.vocab().tokenize(text.as_bytes(), false, false)

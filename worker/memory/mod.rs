@@ -1,0 +1,4 @@
+//! Long-term memory.
+
+pub mod extract;
+pub mod filters;
