@@ -20,6 +20,7 @@ pub mod generator;
 pub mod http;
 pub mod hud;
 pub mod kvlog;
+pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod queue;

@@ -104,6 +104,8 @@ enum Command {
         #[arg(long)]
         store: bool,
     },
+    /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
+    Memory(kvmem::memory::cli::MemoryArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -125,6 +127,7 @@ async fn main() -> Result<()> {
     let url = || settings.database_url().map(str::to_string);
     match cli.command {
         Command::Demo => kvmem::demo::run(settings.clone()).await?,
+        Command::Memory(args) => kvmem::memory::cli::run(args, settings.clone()).await?,
         Command::Migrate => {
             let pool = db::connect(&url()?, 2).await?;
             db::migrate(&pool).await?;
