@@ -561,7 +561,7 @@ async fn expand(
             }
         }
     }
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     let extra: Vec<String> = counts.into_iter().take(3).map(|x| x.0).collect();
     if extra.is_empty() {
         return Ok(());
@@ -744,7 +744,7 @@ async fn memory_hits(
     );
     let mut hits = Vec::new();
     for (i, f) in facts.into_iter().enumerate() {
-        if lr.get(&i).is_none() && vr.get(&i).is_none() {
+        if !lr.contains_key(&i) && !vr.contains_key(&i) {
             continue;
         }
         let s = Signals {
