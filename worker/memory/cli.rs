@@ -161,6 +161,21 @@ pub enum MemoryCommand {
     },
     /// Run queued memory jobs until none is left.
     Work,
+    /// Evidence recall@5/@10 per ranker on a question file (ops/bench-memory): one JSON
+    /// object a line with user_id, question, evidence (message ids), optional type, as_of.
+    Eval {
+        #[arg(long)]
+        questions: PathBuf,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "lexical,vector,seed001,seed002,hybrid"
+        )]
+        rankers: Vec<String>,
+        /// Use each question's as_of (the end of its conversation) as --as-of.
+        #[arg(long)]
+        as_of: bool,
+    },
 }
 
 fn parse_time(s: &Option<String>) -> Result<Option<DateTime<Utc>>> {
@@ -388,6 +403,17 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
                 folded.len()
             );
         }
+        MemoryCommand::Eval {
+            questions,
+            rankers,
+            as_of,
+        } => {
+            let rankers: Vec<RankerKind> = rankers
+                .iter()
+                .map(|r| RankerKind::parse(r))
+                .collect::<std::result::Result<_, _>>()?;
+            eval(&svc, &questions, &rankers, as_of).await?;
+        }
         MemoryCommand::Work => {
             let done = jobs::drain(&svc).await?;
             println!("ran {} memory job(s)", done.len());
@@ -418,4 +444,115 @@ async fn print_job(svc: &MemoryService, job: i64) -> Result<()> {
         }
     }
     Err(MemoryError::NotFound(format!("job {job} was not run")).into())
+}
+
+#[derive(serde::Deserialize)]
+struct EvalQuestion {
+    user_id: String,
+    question: String,
+    evidence: Vec<String>,
+    #[serde(default)]
+    r#type: Option<String>,
+    #[serde(default)]
+    as_of: Option<DateTime<Utc>>,
+}
+
+/// Share of a question's evidence ids found in the top `k` hits' source ids.
+fn recall(hits: &[search::Hit], evidence: &[String], k: usize) -> f64 {
+    if evidence.is_empty() {
+        return 1.0;
+    }
+    let got: std::collections::HashSet<&str> = hits
+        .iter()
+        .take(k)
+        .flat_map(|h| h.source_message_ids.iter().map(String::as_str))
+        .collect();
+    evidence.iter().filter(|e| got.contains(e.as_str())).count() as f64 / evidence.len() as f64
+}
+
+async fn eval(
+    svc: &MemoryService,
+    path: &std::path::Path,
+    rankers: &[RankerKind],
+    use_as_of: bool,
+) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| MemoryError::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    let mut qs: Vec<EvalQuestion> = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        qs.push(
+            serde_json::from_str(line)
+                .map_err(|e| MemoryError::Invalid(format!("line {}: {e}", i + 1)))?,
+        );
+    }
+    let mut types: Vec<String> = qs.iter().filter_map(|q| q.r#type.clone()).collect();
+    types.sort();
+    types.dedup();
+    println!(
+        "{:<9} {:>5} {:>6} {:>6}  {}  p50/p95 ms",
+        "ranker",
+        "n",
+        "R@5",
+        "R@10",
+        types
+            .iter()
+            .map(|t| format!("{t}@10"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for &ranker in rankers {
+        let (mut r5, mut r10) = (0.0, 0.0);
+        let mut by_type: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+        let mut lat: Vec<f64> = Vec::new();
+        for q in &qs {
+            let req = SearchRequest {
+                scope: Scope::user(&q.user_id),
+                query: q.question.clone(),
+                limit: 10,
+                as_of: if use_as_of { q.as_of } else { None },
+                ranker,
+                strict: false,
+            };
+            let t = std::time::Instant::now();
+            let res = search::search(svc, &req).await?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            r5 += recall(&res.hits, &q.evidence, 5);
+            let x = recall(&res.hits, &q.evidence, 10);
+            r10 += x;
+            if let Some(t) = &q.r#type {
+                let e = by_type.entry(t.clone()).or_default();
+                e.0 += x;
+                e.1 += 1;
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let n = qs.len().max(1) as f64;
+        println!(
+            "{:<9} {:>5} {:>6.3} {:>6.3}  {}  {:.1}/{:.1}",
+            ranker.as_str(),
+            qs.len(),
+            r5 / n,
+            r10 / n,
+            types
+                .iter()
+                .map(|t| {
+                    let (s, c) = by_type.get(t).copied().unwrap_or((0.0, 0));
+                    format!("{:>w$.3}", s / c.max(1) as f64, w = t.len() + 3)
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            pct(0.5),
+            pct(0.95)
+        );
+    }
+    Ok(())
 }
