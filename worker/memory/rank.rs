@@ -102,6 +102,9 @@ pub fn seed002(s: &Signals, now: DateTime<Utc>) -> Scored {
 
 /// Reciprocal-rank fusion constant (the usual 60).
 pub const RRF_K: f64 = 60.0;
+/// Lexical weight reaches 1 at half the query's content words matched.
+pub const LEXICAL_MATCH_GAIN: f64 = 2.0;
+pub const TIME_WEIGHT: f64 = 2.0;
 
 fn rrf(rank: Option<usize>) -> f64 {
     rank.map(|r| 1.0 / (RRF_K + r as f64 + 1.0)).unwrap_or(0.0)
@@ -112,9 +115,13 @@ fn rrf(rank: Option<usize>) -> f64 {
 /// weight), so a candidate found by several retrievers rises and none needs calibrated
 /// scores.
 pub fn hybrid(s: &Signals) -> Scored {
-    let lex = rrf(s.lexical_rank);
+    // An OR query ranks a message matching one common word of a long question; weighting
+    // the lexical list by the share of query words matched keeps such noise from
+    // outvoting the vector list (measured on ops/memory-eval).
+    let lex = rrf(s.lexical_rank) * (LEXICAL_MATCH_GAIN * s.lexical).min(1.0);
     let vec = rrf(s.vector_rank);
-    let time = rrf(s.window_rank);
+    // A time the question names is a hard clue: the window list counts double.
+    let time = TIME_WEIGHT * rrf(s.window_rank);
     let exp = 0.5 * rrf(s.expansion_rank);
     let score = lex + vec + time + exp;
     let mut components = BTreeMap::from([("rrf_lexical".into(), lex), ("rrf_vector".into(), vec)]);
