@@ -195,6 +195,19 @@ const STOPWORDS: &[&str] = &[
     "user",
 ];
 
+/// Words that say nothing about what is asked once the time phrase is gone.
+const VAGUE: &[&str] = &["do", "happen", "happened", "happening", "going", "up", "get", "got", "go", "went", "make", "made", "anything", "something", "thing", "things", "day", "time", "plan", "plans"];
+
+/// How much a message says: distinct content words, capped; questions count half.
+fn substance(text: &str) -> f64 {
+    let n = content_words(text).len().min(12) as f64 / 12.0;
+    if text.trim_end().ends_with('?') {
+        n * 0.5
+    } else {
+        n
+    }
+}
+
 /// The content words of a text: lowercase alphanumeric runs, stopwords dropped.
 pub fn content_words(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -431,27 +444,42 @@ async fn message_hits(
         }
         vector.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     }
-    // Time-window list: in-window candidates from both retrievers.
+    // Time-window list: the messages inside the window, ranked by what the query asks
+    // beyond its time phrase. "What did I do in May?" asks nothing beyond it: then the
+    // substantive statements of the window come first (content words, not questions).
     let mut window_list: Vec<i64> = Vec::new();
     if let Some(w) = window {
-        let mut scored: HashMap<i64, f64> = HashMap::new();
-        if let Some(q) = &tsq {
-            let in_win =
-                lexical_ids(pool, scope, req.as_of, q, Some(w), WINDOW_CANDIDATES as i64).await?;
-            let max = in_win.first().map(|x| x.1).unwrap_or(1.0).max(1e-9);
-            for (id, r) in in_win {
-                *scored.entry(id).or_default() += 0.5 * r / max;
-            }
-        }
-        for (id, c) in &vector {
-            if at_of.get(id).is_some_and(|t| w.contains(*t)) {
-                *scored.entry(*id).or_default() += 0.5 * c.max(0.0);
-            }
-        }
-        let mut v: Vec<(i64, f64)> = scored.into_iter().collect();
-        v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        window_list = v.into_iter().take(WINDOW_CANDIDATES).map(|x| x.0).collect();
+        let in_win: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/memory/window_messages.sql"))
+            .bind(&scope.user_id)
+            .bind(scope.character_id)
+            .bind(&scope.guild_id)
+            .bind(req.as_of)
+            .bind(w.start)
+            .bind(w.end)
+            .fetch_all(pool)
+            .await?;
+        let phrase: Vec<String> = content_words(&w.phrase);
+        let rest: Vec<String> = qwords
+            .iter()
+            .filter(|x| !phrase.contains(x) && !VAGUE.contains(&x.as_str()) && x.parse::<i32>().is_err())
+            .cloned()
+            .collect();
+        let rows = fetch_messages(pool, &scope.user_id, &in_win).await?;
+        let mut scored: Vec<(i64, f64)> = rows
+            .iter()
+            .map(|r| {
+                let score = if rest.is_empty() {
+                    substance(&r.text)
+                } else {
+                    0.5 * overlap(&rest, "", &r.text) + 0.5 * cos.get(&r.id).copied().unwrap_or(0.0).max(0.0)
+                };
+                (r.id, score)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        window_list = scored.into_iter().take(WINDOW_CANDIDATES).map(|x| x.0).collect();
     }
+    let _ = &at_of;
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
     let vec_order: Vec<i64> = vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect();
     let mut ids: Vec<i64> = lex_order.clone();
