@@ -196,7 +196,28 @@ const STOPWORDS: &[&str] = &[
 ];
 
 /// Words that say nothing about what is asked once the time phrase is gone.
-const VAGUE: &[&str] = &["do", "happen", "happened", "happening", "going", "up", "get", "got", "go", "went", "make", "made", "anything", "something", "thing", "things", "day", "time", "plan", "plans"];
+const VAGUE: &[&str] = &[
+    "do",
+    "happen",
+    "happened",
+    "happening",
+    "going",
+    "up",
+    "get",
+    "got",
+    "go",
+    "went",
+    "make",
+    "made",
+    "anything",
+    "something",
+    "thing",
+    "things",
+    "day",
+    "time",
+    "plan",
+    "plans",
+];
 
 /// How much a message says: distinct content words, capped; questions count half.
 fn substance(text: &str) -> f64 {
@@ -366,9 +387,14 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
     let now = reference_time(pool, &req.scope, req.as_of).await?;
     let window = timeq::parse(&req.query, now);
     let qwords = content_words(&req.query);
-    let qvec = match svc.embed(vec![req.query.clone()]).await {
-        Some(mut v) => v.pop(),
-        None => None,
+    // The lexical-only ranker needs no query vector: skip the model call.
+    let qvec = if req.ranker == RankerKind::Lexical {
+        None
+    } else {
+        match svc.embed(vec![req.query.clone()]).await {
+            Some(mut v) => v.pop(),
+            None => None,
+        }
     };
 
     let mut hits = message_hits(svc, req, now, window.as_ref(), &qwords, qvec.as_deref()).await?;
@@ -449,19 +475,22 @@ async fn message_hits(
     // substantive statements of the window come first (content words, not questions).
     let mut window_list: Vec<i64> = Vec::new();
     if let Some(w) = window {
-        let in_win: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/memory/window_messages.sql"))
-            .bind(&scope.user_id)
-            .bind(scope.character_id)
-            .bind(&scope.guild_id)
-            .bind(req.as_of)
-            .bind(w.start)
-            .bind(w.end)
-            .fetch_all(pool)
-            .await?;
+        let in_win: Vec<i64> =
+            sqlx::query_scalar(include_str!("../../sql/memory/window_messages.sql"))
+                .bind(&scope.user_id)
+                .bind(scope.character_id)
+                .bind(&scope.guild_id)
+                .bind(req.as_of)
+                .bind(w.start)
+                .bind(w.end)
+                .fetch_all(pool)
+                .await?;
         let phrase: Vec<String> = content_words(&w.phrase);
         let rest: Vec<String> = qwords
             .iter()
-            .filter(|x| !phrase.contains(x) && !VAGUE.contains(&x.as_str()) && x.parse::<i32>().is_err())
+            .filter(|x| {
+                !phrase.contains(x) && !VAGUE.contains(&x.as_str()) && x.parse::<i32>().is_err()
+            })
             .cloned()
             .collect();
         let rows = fetch_messages(pool, &scope.user_id, &in_win).await?;
@@ -471,13 +500,18 @@ async fn message_hits(
                 let score = if rest.is_empty() {
                     substance(&r.text)
                 } else {
-                    0.5 * overlap(&rest, "", &r.text) + 0.5 * cos.get(&r.id).copied().unwrap_or(0.0).max(0.0)
+                    0.5 * overlap(&rest, "", &r.text)
+                        + 0.5 * cos.get(&r.id).copied().unwrap_or(0.0).max(0.0)
                 };
                 (r.id, score)
             })
             .collect();
         scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        window_list = scored.into_iter().take(WINDOW_CANDIDATES).map(|x| x.0).collect();
+        window_list = scored
+            .into_iter()
+            .take(WINDOW_CANDIDATES)
+            .map(|x| x.0)
+            .collect();
     }
     let _ = &at_of;
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
