@@ -75,6 +75,27 @@ fn id_string(field: &str, v: &serde_json::Value) -> std::result::Result<String, 
     Ok(s)
 }
 
+/// RFC 3339; a timestamp without an offset is read as UTC rather than rejected, since
+/// exports often drop the `Z`.
+fn parse_at(raw: &str) -> std::result::Result<DateTime<Utc>, String> {
+    let t = raw.trim();
+    if let Ok(d) = DateTime::parse_from_rfc3339(t) {
+        return Ok(d.with_timezone(&Utc));
+    }
+    for f in [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(n) = chrono::NaiveDateTime::parse_from_str(t, f) {
+            return Ok(n.and_utc());
+        }
+    }
+    Err(format!(
+        "at {raw:?} is not RFC 3339 (e.g. 2024-05-03T10:00:00Z)"
+    ))
+}
+
 /// Parses and validates one line; the error says which field is wrong.
 pub fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, String> {
     let r: RawLine = serde_json::from_str(raw).map_err(|e| format!("not a valid record: {e}"))?;
@@ -82,9 +103,7 @@ pub fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, 
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(v) => id_string(field, v).map(Some),
     };
-    let at = DateTime::parse_from_rfc3339(r.at.trim())
-        .map_err(|e| format!("at {:?} is not RFC 3339: {e}", r.at))?
-        .with_timezone(&Utc);
+    let at = parse_at(&r.at)?;
     let text = r.text.trim().to_string();
     if text.is_empty() {
         return Err("text is empty".into());
@@ -374,4 +393,22 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
     }
     bar.finish_and_clear();
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_and_fail_with_the_field_named() {
+        let l = parse_line(1, r#"{"user_id":"u","session_id":3,"message_id":"m","speaker":"A","text":" hi there ","at":"2024-05-03T10:00:00+02:00"}"#).unwrap();
+        assert_eq!((l.session_id.as_str(), l.text.as_str()), ("3", "hi there"));
+        assert_eq!(l.at.to_rfc3339(), "2024-05-03T08:00:00+00:00");
+        let naive = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"2024-05-03T10:00:00"}"#).unwrap();
+        assert_eq!(naive.at.to_rfc3339(), "2024-05-03T10:00:00+00:00");
+        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"","speaker":"A","text":"x","at":"2024-05-03T10:00:00Z"}"#).unwrap_err();
+        assert_eq!(e, "message_id must not be empty");
+        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"May 3"}"#).unwrap_err();
+        assert!(e.starts_with("at \"May 3\" is not RFC 3339"), "{e}");
+    }
 }

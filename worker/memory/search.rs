@@ -247,11 +247,15 @@ fn stem(w: &str) -> &str {
     for suf in ["ing", "ed", "es", "s"] {
         if w.len() > suf.len() + 2 {
             if let Some(s) = w.strip_suffix(suf) {
-                return s;
+                return s.trim_end_matches('e');
             }
         }
     }
-    w
+    if w.len() > 3 {
+        w.trim_end_matches('e')
+    } else {
+        w
+    }
 }
 
 /// Seed 002's lexical score: the share of the query's content words found in the text

@@ -347,11 +347,14 @@ mod tests {
     #[test]
     fn resolves_common_phrases() {
         let now = at("2024-06-12T10:00:00Z"); // a Wednesday
+                                              // The most recent May before the current month.
         let w = parse("What did Jo do last May?", now).unwrap();
         assert_eq!(
             (w.start, w.end),
-            (at("2023-05-01T00:00:00Z"), at("2023-06-01T00:00:00Z"))
+            (at("2024-05-01T00:00:00Z"), at("2024-06-01T00:00:00Z"))
         );
+        let w = parse("What did Jo do last June?", now).unwrap();
+        assert_eq!(w.start, at("2023-06-01T00:00:00Z"));
         let w = parse("anything in May?", now).unwrap();
         assert_eq!(w.start, at("2024-05-01T00:00:00Z"));
         let w = parse("plans for March 2022", now).unwrap();
