@@ -14,8 +14,8 @@ use llama_cpp_2::token::LlamaToken;
 
 /// Tokens per encode call: every sequence of a non-causal batch must fit one ubatch. Not
 /// more: llama.cpp computes attention over the whole ubatch and masks across sequences,
-/// so the attention cost per token grows with the batch size. (Not yet measured side by
-/// side: 2048 gave 22.5 msgs/s and 512 gave 14.7 msgs/s on runs under different loads.)
+/// so the attention cost per token grows with the batch size. 512 tokens: 92.7 msgs/s
+/// on a quiet machine (ops/bench-memory); 2048 was not re-measured side by side.
 const BATCH_TOKENS: usize = 512;
 /// Sequences per encode call.
 const BATCH_SEQS: usize = 32;
