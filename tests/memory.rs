@@ -983,3 +983,37 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--limit"));
     let _ = HitKind::Memory;
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_orphaned_running_job_is_run_again(pool: PgPool) {
+    let svc = service(&pool).await;
+    let job: i64 = sqlx::query_scalar("SELECT kvmem_remember('f', NULL, 'likes green tea')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // A worker claimed it and died: running, started long ago.
+    sqlx::query("UPDATE memory_jobs SET state = 'running', started_at = now() - interval '10 minutes' WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = jobs::drain(&svc).await.unwrap();
+    assert!(
+        matches!(&out[..], [Outcome::Done { job_id, .. }] if *job_id == job),
+        "{out:?}"
+    );
+    // A fresh running job of another worker is left alone.
+    let other: i64 = sqlx::query_scalar("SELECT kvmem_remember('f', NULL, 'likes black coffee')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE memory_jobs SET state = 'running', started_at = now() WHERE id = $1")
+        .bind(other)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        jobs::process_next_memory_job(&svc).await.unwrap(),
+        Outcome::Empty
+    ));
+}

@@ -10,6 +10,8 @@ use super::search::{content_words, message_key, overlap};
 use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
 use super::{embed, event, MemoryError, MemoryService, Result};
 
+/// A running memory job older than this is taken to be orphaned and is run again.
+pub const STALE_JOB_SECS: f64 = 300.0;
 /// Seed 002's cleaning limits.
 pub const MAX_CLEAN_CHARS: usize = 320;
 pub const MIN_CLEAN_CHARS: usize = 4;
@@ -49,6 +51,11 @@ pub fn clean(text: &str) -> Option<String> {
 /// Claims and runs the next memory job. Embedder and extractor failures are events and
 /// the job still completes (ingestion continues); only database errors fail the call.
 pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
+    // A job left running by a dead worker would block its user's lane for good.
+    sqlx::query(include_str!("../../sql/memory/job_reap.sql"))
+        .bind(STALE_JOB_SECS)
+        .execute(&svc.pool)
+        .await?;
     let claimed = sqlx::query(include_str!("../../sql/memory/job_claim.sql"))
         .fetch_optional(&svc.pool)
         .await;
