@@ -149,7 +149,15 @@ async fn serve(pool: &PgPool, settings: kvmem::config::Settings, worker: bool) -
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let state = AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32));
+    // Lexical memory (no embedder): enough to find A's words, and to prove B cannot.
+    let memory = kvmem::memory::MemoryService {
+        pool: pool.clone(),
+        config: kvmem::memory::MemoryConfig::from_settings(&settings).unwrap(),
+        embedder: None,
+        extractor: None,
+    };
+    let state = AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32))
+        .with_memory(Arc::new(memory));
     tokio::spawn(http::serve(listener, state, shutdown.clone()));
     Server { base, shutdown }
 }
@@ -235,6 +243,36 @@ async fn http_api_refuses_b_everywhere_and_tells_b_nothing_of_a(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(own.status(), 200, "A still reads A's own hint");
+
+    // Memory search, snapshot and refresh as B never show A's dialogue; as A they do.
+    let search = |user: &str| {
+        client
+            .get(format!(
+                "{}/v1/memory/search?user={user}&q=vault%20code&limit=10",
+                server.base
+            ))
+            .send()
+    };
+    let mine: Value = search("alice").await.unwrap().json().await.unwrap();
+    assert!(
+        mine.to_string().contains("7319"),
+        "A finds A's own words: {mine}"
+    );
+    let r = search("bob").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_no_leak("memory search as B", &r.text().await.unwrap(), &f);
+    let r = client
+        .get(format!("{}/v1/memory?user=bob", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_no_leak("memory snapshot as B", &r.text().await.unwrap(), &f);
+    let r = client
+        .post(format!("{}/v1/memory/refresh?user=bob", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_no_leak("memory refresh as B", &r.text().await.unwrap(), &f);
 }
 
 #[sqlx::test(migrations = false)]

@@ -81,6 +81,50 @@ pub struct Settings {
 
     pub log_format: LogFormat,
     pub log_level: String,
+
+    /// The sentence-embedding GGUF (all-MiniLM-L6-v2); missing = lexical-only memory.
+    #[serde(default = "default_embed_model")]
+    pub memory_embed_model_path: Option<PathBuf>,
+    /// seed001 | seed002 | hybrid | lexical | vector.
+    #[serde(default = "default_ranker")]
+    pub memory_ranker: String,
+    /// Llama workers run memory-lane jobs (embedding, extraction, remember/forget) while
+    /// none of their turns is generating.
+    #[serde(default = "default_true")]
+    pub memory_lane: bool,
+    /// Extract facts from dialogue with an LLM on the memory lane.
+    #[serde(default)]
+    pub memory_extract: bool,
+    /// The extraction model (seed 002's memoryLlm); unset = the chat model.
+    #[serde(default)]
+    pub memory_extract_model_path: Option<PathBuf>,
+    /// Seed 002's keep-80 active facts per user.
+    #[serde(default = "default_keep_user")]
+    pub memory_keep_user: u32,
+    /// Seed 002's keep-120 per lore subject.
+    #[serde(default = "default_keep_lore")]
+    pub memory_keep_lore: u32,
+}
+
+fn default_embed_model() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    Some(PathBuf::from(home).join(".cache/kvmem/models/all-MiniLM-L6-v2.f16.gguf"))
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_ranker() -> String {
+    "hybrid".into()
+}
+
+fn default_keep_user() -> u32 {
+    80
+}
+
+fn default_keep_lore() -> u32 {
+    120
 }
 
 /// KV cache element type; recorded in every snapshot header.

@@ -19,6 +19,11 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         "sql/views/queue.sql",
         include_str!("../sql/views/queue.sql"),
     ),
+    ("sql/memory/api.sql", include_str!("../sql/memory/api.sql")),
+    (
+        "sql/views/memory.sql",
+        include_str!("../sql/views/memory.sql"),
+    ),
 ];
 
 /// Errors while connecting or migrating.

@@ -97,7 +97,8 @@ pub struct Engine {
     pub frame: ChatFrame,
 }
 
-fn backend() -> Result<&'static LlamaBackend> {
+/// The process-wide llama.cpp backend (also used by the memory embedder).
+pub fn backend() -> Result<&'static LlamaBackend> {
     // llama.cpp's backend is process-global and may be initialised only once.
     static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND

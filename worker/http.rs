@@ -34,6 +34,8 @@ pub struct AppState {
     pub model_sha: String,
     /// What `/metrics` renders: the process-wide registry unless set otherwise.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Long-term memory for `/v1/memory/*` (503 there without it).
+    pub memory: Option<Arc<crate::memory::MemoryService>>,
     done: broadcast::Sender<i64>,
 }
 
@@ -45,8 +47,15 @@ impl AppState {
             settings,
             model_sha,
             metrics: crate::metrics::global(),
+            memory: None,
             done,
         }
+    }
+
+    /// Serves `/v1/memory/*` from this memory service.
+    pub fn with_memory(mut self, memory: Arc<crate::memory::MemoryService>) -> AppState {
+        self.memory = Some(memory);
+        self
     }
 
     /// Renders `metrics` at `/metrics` (a worker's own registry, in tests).
@@ -65,6 +74,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/rotate-hint", get(rotate_hint))
         .route("/v1/info", get(info))
         .route("/metrics", get(metrics))
+        .route("/v1/memory/search", get(memory_search))
+        .route("/v1/memory", get(memory_snapshot))
+        .route("/v1/memory/refresh", post(memory_refresh))
         .layer(DefaultBodyLimit::max(state.settings.http_max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
@@ -576,4 +588,57 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         text,
     )
         .into_response())
+}
+
+impl From<crate::memory::http::HttpError> for ApiError {
+    fn from(e: crate::memory::http::HttpError) -> ApiError {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let kind = match e {
+            crate::memory::http::HttpError::BadRequest(_) => "invalid_request_error",
+            crate::memory::http::HttpError::NotFound(_) => "not_found_error",
+            crate::memory::http::HttpError::Internal(_) => "server_error",
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+fn memory_service(state: &AppState) -> Result<Arc<crate::memory::MemoryService>, ApiError> {
+    state.memory.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "long-term memory is not enabled on this server",
+        )
+    })
+}
+
+/// `GET /v1/memory/search?user=&q=&limit=&character=&guild=&channel=&as_of=&ranker=`: the
+/// caller's own memories and dialogue, ranked (seed 002's dashboard search).
+async fn memory_search(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::SearchParams>,
+) -> Result<Response, ApiError> {
+    let svc = memory_service(&state)?;
+    let found = crate::memory::http::search(state.pool.clone(), &svc, p).await?;
+    Ok(Json(found).into_response())
+}
+
+/// `GET /v1/memory?user=&character=&guild=`: the caller's MEMORY.md-style snapshot.
+async fn memory_snapshot(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::SnapshotParams>,
+) -> Result<Response, ApiError> {
+    let svc = memory_service(&state)?;
+    let snap = crate::memory::http::snapshot(state.pool.clone(), &svc, p).await?;
+    Ok(Json(snap).into_response())
+}
+
+/// `POST /v1/memory/refresh?user=…`: archive, fold near-duplicates, re-render.
+async fn memory_refresh(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::SnapshotParams>,
+) -> Result<Response, ApiError> {
+    let svc = memory_service(&state)?;
+    let done = crate::memory::http::refresh(state.pool.clone(), &svc, p).await?;
+    Ok(Json(done).into_response())
 }

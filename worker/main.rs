@@ -104,6 +104,8 @@ enum Command {
         #[arg(long)]
         store: bool,
     },
+    /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
+    Memory(kvmem::memory::cli::MemoryArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -125,6 +127,7 @@ async fn main() -> Result<()> {
     let url = || settings.database_url().map(str::to_string);
     match cli.command {
         Command::Demo => kvmem::demo::run(settings.clone()).await?,
+        Command::Memory(args) => kvmem::memory::cli::run(args, settings.clone()).await?,
         Command::Migrate => {
             let pool = db::connect(&url()?, 2).await?;
             db::migrate(&pool).await?;
@@ -210,7 +213,13 @@ async fn main() -> Result<()> {
                 .await
                 .with_context(|| format!("binding {listen}"))?;
             tracing::info!(%listen, "kvserver listening");
-            let state = kvmem::http::AppState::new(pool, settings, model_sha);
+            let memory = kvmem::memory::MemoryService::new(
+                pool.clone(),
+                kvmem::memory::MemoryConfig::from_settings(&settings)?,
+            )
+            .await;
+            let state =
+                kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
             let server = kvmem::http::serve(listener, state, shutdown.clone());
             let Some(mut worker) = worker else {
                 server.await?;

@@ -9,7 +9,7 @@ use crate::config::{LogFormat, Settings};
 pub fn init(settings: &Settings) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!(
-            "{},llama_cpp_2=warn,sqlx::postgres::notice=warn",
+            "{},llama_cpp_2=warn,llama-cpp-2=warn,sqlx::postgres::notice=warn",
             settings.log_level
         ))
     });

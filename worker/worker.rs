@@ -306,7 +306,17 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerEr
         wake.clone(),
         deps.metrics.clone(),
     );
-    tasks.spawn(fetch_loop(deps.clone(), wake, completer, shutdown.clone()));
+    let slots = Arc::new(Semaphore::new(deps.settings.concurrency as usize));
+    if matches!(deps.generator, Generator::Llama(_)) && deps.settings.memory_lane {
+        tasks.spawn(memory_lane(deps.clone(), slots.clone(), shutdown.clone()));
+    }
+    tasks.spawn(fetch_loop(
+        deps.clone(),
+        wake,
+        completer,
+        slots,
+        shutdown.clone(),
+    ));
     info!(
         worker_id = %deps.worker_id,
         concurrency = deps.settings.concurrency,
@@ -343,10 +353,10 @@ async fn fetch_loop(
     deps: Deps,
     wake: Arc<Notify>,
     completer: Completer,
+    slots: Arc<Semaphore>,
     shutdown: CancellationToken,
 ) {
     let settings = deps.settings.clone();
-    let slots = Arc::new(Semaphore::new(settings.concurrency as usize));
     let capacity = settings.claim_batch.max(settings.concurrency) as usize;
     let poll = Duration::from_millis(settings.poll_ms);
     let mut waiting: VecDeque<(ClaimedTurn, LeaseKeeper)> = VecDeque::new();
@@ -434,6 +444,43 @@ async fn fetch_loop(
     }
     while let Some(done) = running.join_next().await {
         report(done);
+    }
+}
+
+/// The memory lane: embedding, extraction and remember/forget jobs queued after turns
+/// commit. It takes a job only while none of this worker's turns is generating, so memory
+/// work never stands between a live turn and its engine (a job already running finishes).
+async fn memory_lane(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationToken) {
+    let svc = match crate::memory::worker_service(deps.pool.clone(), &deps.settings).await {
+        Ok(svc) => svc,
+        Err(e) => {
+            warn!(error = %e, "memory lane off: bad memory settings");
+            shutdown.cancelled().await;
+            return;
+        }
+    };
+    let all = deps.settings.concurrency as usize;
+    let rest = Duration::from_millis(deps.settings.poll_ms.max(100));
+    while !shutdown.is_cancelled() {
+        let idle = slots.available_permits() == all;
+        let worked = if idle {
+            match crate::memory::jobs::process_next_memory_job(&svc).await {
+                Ok(crate::memory::jobs::Outcome::Empty) => false,
+                Ok(_) => true,
+                Err(e) => {
+                    warn!(error = %e, "memory job failed");
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        if !worked {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(rest) => {}
+            }
+        }
     }
 }
 

@@ -1,4 +1,266 @@
-//! Long-term memory.
+//! Long-term memory exists because a character forgets everything that has left the KV
+//! tail: typed facts with history, the searchable dialogue and their retrieval live in
+//! Postgres next to the queue, so a backend can read them with SQL and a worker can write
+//! them on the memory lane without ever blocking a turn.
+//!
+//! Layout: [`store`] (facts, keys, history, archiving, aliases), [`embed`] (MiniLM on
+//! llama.cpp), [`search`] and [`rank`] (hybrid retrieval), [`cards`] (entity cards and
+//! foundation memories), [`import`] (bulk history), [`jobs`] (the memory lane,
+//! remember/forget), [`render`] (journal and MEMORY.md), [`cli`] and [`http`].
 
+pub mod cards;
+pub mod cli;
+pub mod embed;
 pub mod extract;
 pub mod filters;
+pub mod http;
+pub mod import;
+pub mod jobs;
+pub mod llm;
+pub mod rank;
+pub mod render;
+pub mod search;
+pub mod store;
+pub mod timeq;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::config::Settings;
+pub use embed::Embedder;
+
+/// Errors of the memory layer. Embedder failures are not here on purpose: they degrade
+/// to lexical retrieval and are recorded as events instead of failing the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("invalid input: {0}")]
+    Invalid(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("embedder: {0}")]
+    Embed(#[from] embed::EmbedError),
+    #[error("extractor: {0}")]
+    Extract(String),
+}
+
+pub type Result<T, E = MemoryError> = std::result::Result<T, E>;
+
+/// The named rankers (issue 13): both seeds' formulas and kvmem's fused default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RankerKind {
+    /// Seed 001: 0.40 similarity, 0.30 recency (14-day half-life), 0.30 entity frequency.
+    Seed001,
+    /// Seed 002: 0.50 semantic, 0.28 lexical, 0.10 confidence, 0.07 recency, 0.05 channel.
+    Seed002,
+    /// Reciprocal-rank fusion of lexical, vector and time-window lists.
+    #[default]
+    Hybrid,
+    /// Postgres full-text rank only (for the benchmark's side-by-side).
+    Lexical,
+    /// MiniLM cosine only (for the benchmark's side-by-side).
+    Vector,
+}
+
+impl RankerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RankerKind::Seed001 => "seed001",
+            RankerKind::Seed002 => "seed002",
+            RankerKind::Hybrid => "hybrid",
+            RankerKind::Lexical => "lexical",
+            RankerKind::Vector => "vector",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<RankerKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "seed001" => Ok(RankerKind::Seed001),
+            "seed002" => Ok(RankerKind::Seed002),
+            "hybrid" => Ok(RankerKind::Hybrid),
+            "lexical" => Ok(RankerKind::Lexical),
+            "vector" => Ok(RankerKind::Vector),
+            other => Err(MemoryError::Invalid(format!(
+                "unknown ranker {other:?} (seed001, seed002, hybrid, lexical, vector)"
+            ))),
+        }
+    }
+}
+
+/// A fact proposed by an extractor for one message (at most 4 are kept per message).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExtractedFact {
+    pub text: String,
+    pub fact_type: store::FactType,
+    pub kind: store::Kind,
+    /// `<type>:<name>`; the name is slugged on write.
+    #[serde(default)]
+    pub entity_refs: Vec<String>,
+    #[serde(default)]
+    pub entity_label: Option<String>,
+    #[serde(default)]
+    pub importance: Option<i16>,
+    #[serde(default)]
+    pub confidence: Option<f32>,
+    #[serde(default)]
+    pub evidence_text: Option<String>,
+}
+
+/// The seam the extraction branch plugs into: grammar-constrained LLM extraction and
+/// seed 002's filters live behind it. Blocking: it runs on a blocking thread.
+pub trait Extractor: Send + Sync {
+    fn extract(&self, speaker: &str, text: &str)
+        -> std::result::Result<Vec<ExtractedFact>, String>;
+}
+
+/// The memory service a llama worker runs its memory lane with: the embedder, and the
+/// extraction model when `memory_extract` is on. A model that fails to load is logged and
+/// left out (the lane still embeds), never fatal to the worker.
+pub async fn worker_service(pool: PgPool, settings: &Settings) -> Result<MemoryService> {
+    let svc = MemoryService::new(pool, MemoryConfig::from_settings(settings)?).await;
+    if !settings.memory_extract {
+        return Ok(svc);
+    }
+    let Some(path) = settings
+        .memory_extract_model_path
+        .clone()
+        .or_else(|| settings.model_path.clone())
+    else {
+        tracing::warn!("memory_extract is on but no extraction or chat model is configured");
+        return Ok(svc);
+    };
+    let params = crate::engine::EngineParams::from_settings(settings);
+    match tokio::task::spawn_blocking(move || llm::LlmExtractor::load(&path, params)).await {
+        Ok(Ok(extractor)) => Ok(svc.with_extractor(Arc::new(extractor))),
+        Ok(Err(e)) => {
+            event(&svc.pool, "memory_extract_error", &e, None).await;
+            tracing::warn!(error = %e, "extraction model not loaded; the memory lane only embeds");
+            Ok(svc)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "extraction model load panicked");
+            Ok(svc)
+        }
+    }
+}
+
+/// Memory settings, from [`Settings`].
+#[derive(Debug, Clone)]
+pub struct MemoryConfig {
+    pub embed_model_path: Option<PathBuf>,
+    pub ranker: RankerKind,
+    pub keep_user: i64,
+    pub keep_lore: i64,
+    pub n_threads: i32,
+}
+
+impl MemoryConfig {
+    pub fn from_settings(s: &Settings) -> Result<MemoryConfig> {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as i32);
+        Ok(MemoryConfig {
+            embed_model_path: s.memory_embed_model_path.clone(),
+            ranker: RankerKind::parse(&s.memory_ranker)?,
+            keep_user: i64::from(s.memory_keep_user),
+            keep_lore: i64::from(s.memory_keep_lore),
+            n_threads: if s.n_threads == 0 {
+                cores
+            } else {
+                s.n_threads as i32
+            },
+        })
+    }
+}
+
+/// What the memory layer needs at run time: the pool, the embedder when it loaded, and an
+/// extractor when one is configured.
+#[derive(Clone)]
+pub struct MemoryService {
+    pub pool: PgPool,
+    pub config: MemoryConfig,
+    pub embedder: Option<Arc<Embedder>>,
+    pub extractor: Option<Arc<dyn Extractor>>,
+}
+
+impl MemoryService {
+    /// Loads the embedder if it can. A missing or broken model file is not an error (seed
+    /// 004's graceful degradation): a loud warning on stderr, an event row, and retrieval
+    /// falls back to lexical scoring.
+    pub async fn new(pool: PgPool, config: MemoryConfig) -> MemoryService {
+        let embedder = match &config.embed_model_path {
+            None => {
+                degrade(&pool, "no memory_embed_model_path configured").await;
+                None
+            }
+            Some(path) => match Embedder::load(path, config.n_threads) {
+                Ok(e) => Some(Arc::new(e)),
+                Err(e) => {
+                    degrade(&pool, &e.to_string()).await;
+                    None
+                }
+            },
+        };
+        MemoryService {
+            pool,
+            config,
+            embedder,
+            extractor: None,
+        }
+    }
+
+    pub fn with_extractor(mut self, extractor: Arc<dyn Extractor>) -> MemoryService {
+        self.extractor = Some(extractor);
+        self
+    }
+
+    /// Embeds on a blocking thread; `None` when there is no embedder or it failed (the
+    /// failure is recorded as an event and the caller continues lexically).
+    pub async fn embed(&self, texts: Vec<String>) -> Option<Vec<Vec<f32>>> {
+        let embedder = self.embedder.clone()?;
+        if texts.is_empty() {
+            return Some(Vec::new());
+        }
+        let res = tokio::task::spawn_blocking(move || embedder.embed(&texts)).await;
+        match res {
+            Ok(Ok(v)) => Some(v),
+            Ok(Err(e)) => {
+                event(&self.pool, "memory_embedding_error", &e.to_string(), None).await;
+                None
+            }
+            Err(e) => {
+                event(&self.pool, "memory_embedding_error", &e.to_string(), None).await;
+                None
+            }
+        }
+    }
+
+    pub fn model_name(&self) -> Option<&str> {
+        self.embedder.as_deref().map(|e| e.name.as_str())
+    }
+}
+
+async fn degrade(pool: &PgPool, reason: &str) {
+    eprintln!(
+        "WARNING: memory embedder unavailable ({reason}); search and import fall back to \
+         lexical scoring until vectors are backfilled (`kvmem memory reindex`)"
+    );
+    event(pool, "memory_embedder_unavailable", reason, None).await;
+}
+
+/// Records a memory-layer failure in `events`. Best effort: the events table may not
+/// exist yet on a database the caller has not migrated.
+pub async fn event(pool: &PgPool, kind: &str, reason: &str, user: Option<&str>) {
+    let detail = serde_json::json!({ "reason": reason, "user_id": user });
+    let res = sqlx::query(include_str!("../../sql/memory/event.sql"))
+        .bind(kind)
+        .bind(detail)
+        .execute(pool)
+        .await;
+    if let Err(e) = res {
+        tracing::warn!(kind, reason, error = %e, "could not record memory event");
+    }
+}

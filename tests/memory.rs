@@ -1,0 +1,1019 @@
+//! Long-term memory on real Postgres and the real MiniLM embedder: keys, history,
+//! concurrency, archiving, rankers against hand-computed numbers, cards, remember/forget,
+//! degradation, tenant walls, import and the CLI's JSON.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use chrono::{DateTime, Duration, Utc};
+use kvmem::memory::import::{self, ExtractMode};
+use kvmem::memory::jobs::{self, Outcome};
+use kvmem::memory::rank::{self, Signals};
+use kvmem::memory::search::{self, HitKind, SearchRequest};
+use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upserted};
+use kvmem::memory::{cards, Embedder, MemoryConfig, MemoryService, RankerKind};
+use sqlx::PgPool;
+
+fn minilm() -> PathBuf {
+    let p = std::env::var_os("KVMEM_TEST_MINILM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+            PathBuf::from(home).join(".cache/kvmem/models/all-MiniLM-L6-v2.f16.gguf")
+        });
+    assert!(
+        p.exists(),
+        "the MiniLM GGUF is missing at {} (set KVMEM_TEST_MINILM or run ops/fetch-embedder)",
+        p.display()
+    );
+    p
+}
+
+/// One embedder for the whole test binary: loading it per test would only cost time.
+fn embedder() -> Arc<Embedder> {
+    static E: OnceLock<Arc<Embedder>> = OnceLock::new();
+    E.get_or_init(|| Arc::new(Embedder::load(&minilm(), 2).expect("load MiniLM")))
+        .clone()
+}
+
+fn config(path: Option<PathBuf>) -> MemoryConfig {
+    MemoryConfig {
+        embed_model_path: path,
+        ranker: RankerKind::Hybrid,
+        keep_user: 80,
+        keep_lore: 120,
+        n_threads: 2,
+    }
+}
+
+async fn service(pool: &PgPool) -> MemoryService {
+    common::migrate(pool).await;
+    MemoryService {
+        pool: pool.clone(),
+        config: config(Some(minilm())),
+        embedder: Some(embedder()),
+        extractor: None,
+    }
+}
+
+fn at(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+}
+
+fn fact(user: &str, text: &str, refs: &[&str]) -> NewMemory {
+    let mut m = NewMemory::new(
+        user,
+        Kind::People,
+        FactType::Relationship,
+        text,
+        Source::Extraction,
+    );
+    m.entity_refs = refs.iter().map(|r| r.to_string()).collect();
+    m
+}
+
+async fn import_fixture(svc: &MemoryService) -> import::ImportReport {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/memory_chats.jsonl"
+    );
+    import::import_file(
+        svc,
+        std::path::Path::new(path),
+        ExtractMode::None,
+        false,
+        false,
+    )
+    .await
+    .expect("import")
+}
+
+fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
+    SearchRequest {
+        scope: Scope::user(user),
+        query: query.into(),
+        limit: 10,
+        as_of: None,
+        ranker,
+        strict: false,
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn dedup_by_key_merges_the_same_fact(pool: PgPool) {
+    common::migrate(&pool).await;
+    let mut a = fact("u", "John is my cofounder", &["person:John"]);
+    a.source_message_ids = vec!["m1".into()];
+    let mut b = fact("u", "john is my  cofounder.", &["person:john"]);
+    b.source_message_ids = vec!["m2".into()];
+    b.valid_from = a.valid_from + Duration::seconds(5);
+    let first = store::upsert(&pool, a).await.unwrap();
+    let second = store::upsert(&pool, b).await.unwrap();
+    assert!(matches!(first, Upserted::Inserted { .. }));
+    assert_eq!(second, Upserted::Merged { id: first.id() });
+    assert_eq!(count(&pool, "SELECT count(*) FROM memories").await, 1);
+    let ids: Vec<String> = sqlx::query_scalar("SELECT source_message_ids FROM memories")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ids, vec!["m1".to_string(), "m2".into()]);
+    let key: String = sqlx::query_scalar("SELECT memory_key FROM memories")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(key, "people|person|john|relationship");
+}
+
+#[sqlx::test(migrations = false)]
+async fn concurrent_same_key_writes_lose_nothing_and_end_deterministically(pool: PgPool) {
+    common::migrate(&pool).await;
+    let base = at("2024-01-01T00:00:00Z");
+    let mut tasks = Vec::new();
+    // Spawned in reverse time order so arrival order and validity order disagree.
+    for i in (0..16).rev() {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut m = fact(
+                "u",
+                &format!("Sam works at company number {i}"),
+                &["person:sam"],
+            );
+            m.valid_from = base + Duration::days(i);
+            store::upsert(&pool, m).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("no write fails");
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM memories").await, 16);
+    let current: Vec<String> =
+        sqlx::query_scalar("SELECT text FROM memories WHERE valid_to IS NULL")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(current, vec!["Sam works at company number 15".to_string()]);
+    // The history is a chain: each version ends where the next begins.
+    let gaps = count(
+        &pool,
+        "SELECT count(*) FROM (SELECT valid_to, lead(valid_from) OVER (ORDER BY valid_from) AS nxt
+           FROM memories) x WHERE valid_to IS DISTINCT FROM nxt",
+    )
+    .await;
+    assert_eq!(gaps, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn supersede_keeps_history_and_as_of_reads_it(pool: PgPool) {
+    common::migrate(&pool).await;
+    let mut v1 = fact("u", "Mia lives in Berlin", &["person:mia"]);
+    v1.valid_from = at("2023-01-01T00:00:00Z");
+    let mut v2 = fact("u", "Mia lives in Madrid", &["person:mia"]);
+    v2.valid_from = at("2024-01-01T00:00:00Z");
+    store::upsert(&pool, v1).await.unwrap();
+    let up = store::upsert(&pool, v2).await.unwrap();
+    assert!(matches!(up, Upserted::Versioned { .. }));
+    let now = store::facts(&pool, &Scope::user("u"), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        now.iter().map(|f| f.text.as_str()).collect::<Vec<_>>(),
+        vec!["Mia lives in Madrid"]
+    );
+    let then = store::facts(
+        &pool,
+        &Scope::user("u"),
+        Some(at("2023-06-01T00:00:00Z")),
+        10,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        then.iter().map(|f| f.text.as_str()).collect::<Vec<_>>(),
+        vec!["Mia lives in Berlin"]
+    );
+    let old_to: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT valid_to FROM memories WHERE text = 'Mia lives in Berlin'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(old_to, Some(at("2024-01-01T00:00:00Z")));
+}
+
+#[sqlx::test(migrations = false)]
+async fn keep_80_archives_oldest_and_never_pinned(pool: PgPool) {
+    common::migrate(&pool).await;
+    let base = at("2024-01-01T00:00:00Z");
+    for i in 0..2 {
+        let mut p = NewMemory::new(
+            "u",
+            Kind::Profile,
+            FactType::Profile,
+            &format!("pinned fact {i}"),
+            Source::Explicit,
+        );
+        p.pinned = true;
+        p.importance = 0;
+        p.valid_from = base - Duration::days(100);
+        store::upsert(&pool, p).await.unwrap();
+    }
+    for i in 0..85 {
+        let mut m = NewMemory::new(
+            "u",
+            Kind::Profile,
+            FactType::Preference,
+            &format!("likes thing {i}"),
+            Source::Extraction,
+        );
+        m.valid_from = base + Duration::hours(i);
+        store::upsert(&pool, m).await.unwrap();
+    }
+    let mut other = NewMemory::new(
+        "v",
+        Kind::Profile,
+        FactType::Preference,
+        "other user's fact",
+        Source::Extraction,
+    );
+    other.valid_from = base - Duration::days(1000);
+    store::upsert(&pool, other).await.unwrap();
+    assert_eq!(store::archive_keep(&pool, "u", 80, 120).await.unwrap(), 5);
+    let archived: Vec<String> = sqlx::query_scalar(
+        "SELECT text FROM memories WHERE status = 'ARCHIVED' ORDER BY valid_from",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        archived,
+        (0..5)
+            .map(|i| format!("likes thing {i}"))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memories WHERE pinned AND status = 'ACTIVE' AND importance = 3"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memories WHERE user_id = 'v' AND status = 'ACTIVE'"
+        )
+        .await,
+        1
+    );
+}
+
+#[test]
+fn rankers_match_hand_computed_scores() {
+    let now = at("2024-06-15T00:00:00Z");
+    let a = Signals {
+        semantic: Some(0.8),
+        lexical: 0.5,
+        confidence: 0.9,
+        at: Some(now - Duration::days(14)),
+        channel: 1.0,
+        entity_freq: 0.5,
+        lexical_rank: Some(0),
+        vector_rank: Some(2),
+        ..Signals::default()
+    };
+    // seed001: 0.40*0.8 + 0.30*0.5^(14/14) + 0.30*0.5 = 0.32 + 0.15 + 0.15 = 0.62
+    assert!((rank::seed001(&a, now).score - 0.62).abs() < 1e-9);
+    // seed002: recency 1/(1+14/45) = 0.7627118644;
+    // 0.5*0.8 + 0.28*0.5 + 0.10*0.9 + 0.07*0.7627118644 + 0.05*1 = 0.7333898305
+    let s = rank::seed002(&a, now);
+    assert!((s.score - 0.7333898305).abs() < 1e-9, "{}", s.score);
+    assert!(s.passes_gate);
+    // No semantic: 0.75*0.5 + 0.10*0.9 + 0.10*0.7627118644 + 0.05*1 = 0.5912711864
+    let no_sem = Signals {
+        semantic: None,
+        ..a.clone()
+    };
+    assert!((rank::seed002(&no_sem, now).score - 0.5912711864).abs() < 1e-9);
+    // Weak lexical-only candidate: 0.75*0.2 + 0.10*0.5 + 0.10*1 + 0.05*0.25 = 0.3125,
+    // below both gates (lexical 0.2 < 0.24, combined < 0.62).
+    let b = Signals {
+        lexical: 0.2,
+        confidence: 0.5,
+        at: Some(now),
+        channel: 0.25,
+        ..Signals::default()
+    };
+    let sb = rank::seed002(&b, now);
+    assert!((sb.score - 0.3125).abs() < 1e-9);
+    assert!(!sb.passes_gate);
+    // hybrid: 1/(60+0+1) + 1/(60+2+1) = 0.0163934426 + 0.0158730159 = 0.0322664585
+    assert!((rank::hybrid(&a).score - 0.0322664585).abs() < 1e-9);
+    // Entity frequency: refs {a}, {a,b}, {c}: counts a=2, b=1, c=1 -> 2/2, 2/2, 1/2.
+    let f = rank::entity_frequency(&[
+        vec!["a".into()],
+        vec!["a".into(), "b".into()],
+        vec!["c".into()],
+    ]);
+    assert_eq!(f, vec![1.0, 1.0, 0.5]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn seed002_no_semantic_scores_a_stored_message_by_hand(pool: PgPool) {
+    common::migrate(&pool).await;
+    let svc = MemoryService::new(
+        pool.clone(),
+        config(Some(PathBuf::from("/nonexistent/minilm.gguf"))),
+    )
+    .await;
+    assert!(svc.embedder.is_none());
+    import_fixture(&svc).await;
+    let res = search::search(&svc, &req("alice", "Ana Porto", RankerKind::Seed002))
+        .await
+        .unwrap();
+    assert!(!res.semantic);
+    let top = &res.hits[0];
+    assert_eq!(top.source_message_ids, vec!["a-1".to_string()]);
+    // The newest message of alice is the reference time.
+    // a-1 at 2024-05-03T10:00, newest 2024-06-11T09:00: 38.9583 days.
+    // lexical 1.0 (ana, porto), confidence 1.0, channel 0.25 (none):
+    // 0.75 + 0.10 + 0.10/(1+38.9583333/45) + 0.0125 = 0.8625 + 0.10/1.8657407 = 0.8625 + 0.0535980
+    assert!((top.score - 0.9160980).abs() < 1e-6, "{}", top.score);
+}
+
+#[sqlx::test(migrations = false)]
+async fn entity_cards_follow_seed_001(pool: PgPool) {
+    common::migrate(&pool).await;
+    let base = at("2024-01-01T00:00:00Z");
+    let rows = [
+        (
+            "John is my cofounder",
+            2,
+            false,
+            0,
+            Kind::People,
+            FactType::Relationship,
+        ),
+        (
+            "John handles the backend",
+            2,
+            false,
+            1,
+            Kind::People,
+            FactType::Project,
+        ),
+        (
+            "John likes sushi",
+            1,
+            false,
+            2,
+            Kind::People,
+            FactType::Preference,
+        ),
+        (
+            "John lives in Austin",
+            3,
+            false,
+            3,
+            Kind::People,
+            FactType::Profile,
+        ),
+        // Another kind, so its key differs from "plays chess" (seed 001's key is per
+        // kind, entity and fact type).
+        (
+            "John's birthday is in May",
+            0,
+            true,
+            4,
+            Kind::Profile,
+            FactType::Other,
+        ),
+        (
+            "John plays chess",
+            2,
+            false,
+            5,
+            Kind::People,
+            FactType::Other,
+        ),
+    ];
+    for (text, imp, pinned, h, kind, ft) in rows {
+        let mut m = NewMemory::new("u", kind, ft, text, Source::Extraction);
+        m.entity_refs = vec!["person:john".into()];
+        m.importance = imp;
+        m.pinned = pinned;
+        m.valid_from = base + Duration::hours(h);
+        store::upsert(&pool, m).await.unwrap();
+    }
+    let cs = cards::cards_for_refs(&pool, &Scope::user("u"), Some(&["person:john".to_string()]))
+        .await
+        .unwrap();
+    assert_eq!(cs.len(), 1);
+    // pinned first, then importance 3, then importance 2 newest (chess, created last).
+    assert_eq!(
+        cs[0].text,
+        "[person:john]: John's birthday is in May; John lives in Austin; John plays chess"
+    );
+    let none = cards::cards_for_refs(
+        &pool,
+        &Scope::user("other"),
+        Some(&["person:john".to_string()]),
+    )
+    .await
+    .unwrap();
+    assert!(none.is_empty());
+    let found = cards::foundation(&pool, &Scope::user("u")).await.unwrap();
+    assert_eq!(found.len(), 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn entity_merges_resolve_both_spellings(pool: PgPool) {
+    common::migrate(&pool).await;
+    let mut a = fact("u", "Makesh is my manager", &["person:makesh"]);
+    a.importance = 2;
+    let mut b = fact("u", "Mukesh runs the Tuesday standup", &["person:mukesh"]);
+    b.kind = Kind::Project;
+    b.importance = 2;
+    store::upsert(&pool, a).await.unwrap();
+    store::upsert(&pool, b).await.unwrap();
+    store::upsert(
+        &pool,
+        fact("u2", "Mikesh is someone else", &["person:mikesh"]),
+    )
+    .await
+    .unwrap();
+    let props = store::propose_merges(&pool, "u", 0.4).await.unwrap();
+    assert_eq!(props.len(), 1, "{props:?}");
+    let p = &props[0];
+    store::merge_entities(&pool, "u", &p.alias, &p.canonical, Some(p.similarity))
+        .await
+        .unwrap();
+    for spelling in ["person:makesh", "person:mukesh"] {
+        let cs = cards::cards_for_refs(&pool, &Scope::user("u"), Some(&[spelling.to_string()]))
+            .await
+            .unwrap();
+        assert_eq!(cs.len(), 1);
+        assert_eq!(cs[0].facts.len(), 2, "{spelling}: {:?}", cs[0]);
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn remember_and_forget_report_found_and_not_found(pool: PgPool) {
+    let svc = service(&pool).await;
+    let job: i64 =
+        sqlx::query_scalar("SELECT kvmem_remember('u', NULL, 'my sister Ana lives in Lisbon')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let out = jobs::drain(&svc).await.unwrap();
+    assert!(
+        matches!(&out[..], [Outcome::Done { job_id, .. }] if *job_id == job),
+        "{out:?}"
+    );
+    let (pinned, source, imp): (bool, String, i16) =
+        sqlx::query_as("SELECT pinned, source, importance FROM memories WHERE user_id = 'u'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(pinned && source == "explicit" && imp == 3);
+    let blob: String = sqlx::query_scalar("SELECT blob FROM memory_blobs WHERE user_id = 'u'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(blob, "The user's sister Ana lives in Lisbon.");
+
+    let miss: i64 =
+        sqlx::query_scalar("SELECT kvmem_forget('u', NULL, 'my favourite colour is green')")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    jobs::drain(&svc).await.unwrap();
+    let r: serde_json::Value = sqlx::query_scalar("SELECT result FROM memory_jobs WHERE id = $1")
+        .bind(miss)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(r["found"], false);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memories WHERE status = 'ACTIVE'"
+        )
+        .await,
+        1
+    );
+
+    // Another user's forget never touches u's facts.
+    sqlx::query("SELECT kvmem_forget('intruder', NULL, 'sister Ana lives in Lisbon')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    jobs::drain(&svc).await.unwrap();
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memories WHERE status = 'ACTIVE'"
+        )
+        .await,
+        1
+    );
+
+    let hit: i64 = sqlx::query_scalar("SELECT kvmem_forget('u', NULL, 'Ana lives in Lisbon')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    jobs::drain(&svc).await.unwrap();
+    let r: serde_json::Value = sqlx::query_scalar("SELECT result FROM memory_jobs WHERE id = $1")
+        .bind(hit)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(r["found"], true);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memories WHERE status = 'ACTIVE'"
+        )
+        .await,
+        0
+    );
+
+    let bad = sqlx::query("SELECT kvmem_remember('u', NULL, '  ')")
+        .execute(&pool)
+        .await;
+    assert!(bad
+        .unwrap_err()
+        .to_string()
+        .contains("at least 3 characters"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn missing_embedder_degrades_to_lexical(pool: PgPool) {
+    common::migrate(&pool).await;
+    let svc = MemoryService::new(
+        pool.clone(),
+        config(Some(PathBuf::from("/nonexistent/minilm.gguf"))),
+    )
+    .await;
+    assert!(svc.embedder.is_none());
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM events WHERE kind = 'memory_embedder_unavailable'"
+        )
+        .await,
+        1
+    );
+    let rep = import_fixture(&svc).await;
+    assert_eq!((rep.imported, rep.embedded, rep.semantic), (5, 0, false));
+    let res = search::search(&svc, &req("alice", "puppy Biscuit", RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert!(!res.semantic);
+    assert_eq!(res.hits[0].source_message_ids, vec!["a-3".to_string()]);
+    // A later run with the model backfills the vectors.
+    let full = service(&pool).await;
+    let again = import_fixture(&full).await;
+    assert_eq!(
+        (again.imported, again.skipped_duplicate, again.backfilled),
+        (0, 5, 5)
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE embedding IS NULL"
+        )
+        .await,
+        0
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn import_is_idempotent_and_reports_bad_lines(pool: PgPool) {
+    let svc = service(&pool).await;
+    let first = import_fixture(&svc).await;
+    assert_eq!(
+        (
+            first.imported,
+            first.skipped_duplicate,
+            first.rejected,
+            first.embedded
+        ),
+        (5, 0, 0, 5)
+    );
+    let second = import_fixture(&svc).await;
+    assert_eq!((second.imported, second.skipped_duplicate), (0, 5));
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM memory_messages").await,
+        5
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"user_id\":\"c\",\"session_id\":\"s\",\"message_id\":\"1\",\"speaker\":\"C\",\"text\":\"hello there\",\"at\":\"2024-01-01T00:00:00Z\"}\n\
+         {\"user_id\":\"c\",\"session_id\":\"s\",\"message_id\":\"2\",\"speaker\":\"C\",\"text\":\"hi\",\"at\":\"tuesday\"}\n\
+         not json\n",
+    )
+    .unwrap();
+    let strict = import::import_file(&svc, &bad, ExtractMode::None, true, false).await;
+    assert!(strict.unwrap_err().to_string().contains("line 2"));
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE user_id = 'c'"
+        )
+        .await,
+        0
+    );
+    let lax = import::import_file(&svc, &bad, ExtractMode::None, false, false)
+        .await
+        .unwrap();
+    assert_eq!((lax.imported, lax.rejected), (1, 2));
+    assert!(
+        lax.rejections[0].starts_with("line 2: at"),
+        "{:?}",
+        lax.rejections
+    );
+    assert!(lax.rejections[1].starts_with("line 3: not a valid record"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn paraphrase_is_found_by_vector(pool: PgPool) {
+    let svc = service(&pool).await;
+    import_fixture(&svc).await;
+    // No word in common with "I adopted a beagle puppy named Biscuit."
+    let res = search::search(&svc, &req("alice", "new family dog", RankerKind::Vector))
+        .await
+        .unwrap();
+    assert!(res.semantic);
+    assert_eq!(res.hits[0].source_message_ids, vec!["a-3".to_string()]);
+    let res = search::search(&svc, &req("alice", "new family dog", RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert_eq!(res.hits[0].source_message_ids, vec!["a-3".to_string()]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn tenants_are_walls(pool: PgPool) {
+    let svc = service(&pool).await;
+    import_fixture(&svc).await;
+    for u in ["alice", "bob"] {
+        let mut m = fact(u, &format!("{u} owns a red kayak"), &["project:kayak"]);
+        m.importance = 2;
+        store::upsert(&pool, m).await.unwrap();
+    }
+    let mut g = fact(
+        "alice",
+        "alice guild fact about the kayak club",
+        &["org:kayak_club"],
+    );
+    g.guild_id = Some("g1".into());
+    g.importance = 2;
+    store::upsert(&pool, g).await.unwrap();
+    let mut c9 = fact(
+        "alice",
+        "character nine secret kayak plan",
+        &["project:kayak"],
+    );
+    c9.character_id = Some(9);
+    c9.importance = 2;
+    store::upsert(&pool, c9).await.unwrap();
+
+    // bob searches for alice's words: only bob's rows come back.
+    for ranker in [
+        RankerKind::Hybrid,
+        RankerKind::Seed001,
+        RankerKind::Seed002,
+        RankerKind::Lexical,
+        RankerKind::Vector,
+    ] {
+        let res = search::search(
+            &svc,
+            &req("bob", "sister Ana Porto bakery beagle kayak locker", ranker),
+        )
+        .await
+        .unwrap();
+        assert!(!res.hits.is_empty());
+        for h in &res.hits {
+            assert!(
+                h.text.contains("bob") || h.text.contains("antique maps"),
+                "{ranker:?} leaked {h:?}"
+            );
+        }
+    }
+    // Character filter: character 7 sees its own and global rows, not character 9's.
+    let mut r7 = req("alice", "kayak locker code", RankerKind::Hybrid);
+    r7.scope.character_id = Some(7);
+    let res = search::search(&svc, &r7).await.unwrap();
+    assert!(res.hits.iter().any(|h| h.text.contains("locker code")));
+    assert!(res.hits.iter().all(|h| !h.text.contains("character nine")));
+    let mut r9 = req("alice", "locker code", RankerKind::Hybrid);
+    r9.scope.character_id = Some(9);
+    let res = search::search(&svc, &r9).await.unwrap();
+    assert!(
+        res.hits.iter().all(|h| !h.text.contains("locker")),
+        "character 9 sees character 7's message"
+    );
+    assert!(res.hits.iter().any(|h| h.text.contains("character nine")));
+    // No character given: the operator's view of the whole user.
+    let res = search::search(&svc, &req("alice", "locker code", RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert!(res.hits.iter().any(|h| h.text.contains("locker")));
+    // Guild is hard: without the guild, the guild's fact is invisible, and vice versa.
+    let res = search::search(&svc, &req("alice", "kayak club", RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert!(res.hits.iter().all(|h| !h.text.contains("guild fact")));
+    let mut rg = req("alice", "kayak club", RankerKind::Hybrid);
+    rg.scope.guild_id = Some("g1".into());
+    let res = search::search(&svc, &rg).await.unwrap();
+    assert!(res.hits.iter().any(|h| h.text.contains("guild fact")));
+    assert!(res.hits.iter().all(|h| !h.text.contains("red kayak")));
+    // Cards and show.
+    let cs = cards::cards_for_refs(&pool, &Scope::user("bob"), None)
+        .await
+        .unwrap();
+    assert_eq!(cs.len(), 1);
+    assert_eq!(cs[0].text, "[project:kayak]: bob owns a red kayak");
+    let shown = store::facts(&pool, &Scope::user("bob"), None, 100)
+        .await
+        .unwrap();
+    assert!(shown.iter().all(|f| f.user_id == "bob"));
+    // The same caller message id under two users stays two messages.
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE message_id = 'a-1'"
+        )
+        .await,
+        2
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn live_turn_messages_feed_the_corpus_and_the_lane(pool: PgPool) {
+    let svc = service(&pool).await;
+    let ch = common::character(&pool, "carol", "Vega").await;
+    let turn: i64 = sqlx::query_scalar(
+        "INSERT INTO turns (session_id, user_id, character_id, message, state) VALUES ('s1', 'carol', $1, 'x', 'done') RETURNING id",
+    )
+    .bind(ch)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    for (role, text) in [
+        ("user", "I finally booked my trip to Kyoto"),
+        ("assistant", "Wonderful, enjoy the temples!"),
+    ] {
+        sqlx::query(
+            "INSERT INTO messages (session_id, turn_id, role, content) VALUES ('s1', $1, $2, $3)",
+        )
+        .bind(turn)
+        .bind(role)
+        .bind(text)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE user_id = 'carol'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_jobs WHERE kind = 'ingest' AND state = 'queued'"
+        )
+        .await,
+        2
+    );
+    let out = jobs::drain(&svc).await.unwrap();
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE embedding IS NOT NULL"
+        )
+        .await,
+        2
+    );
+    let res = search::search(&svc, &req("carol", "vacation in Japan", RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert_eq!(res.hits[0].id, format!("turn:{turn}:user"));
+    assert!(matches!(
+        jobs::process_next_memory_job(&svc).await.unwrap(),
+        Outcome::Empty
+    ));
+}
+
+#[sqlx::test(migrations = false)]
+async fn backlog_overflow_drops_oldest_and_counts(pool: PgPool) {
+    common::migrate(&pool).await;
+    sqlx::query("UPDATE kvmem_config SET value = '3' WHERE key = 'memory_backlog_max'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO memory_messages (user_id, session_id, message_id, speaker, text, at)
+             VALUES ('d', 's', $1, 'D', 'some message text', now()) RETURNING id",
+        )
+        .bind(format!("m{i}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        sqlx::query("SELECT kvmem_memory_queue_ingest($1)")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        // Same-message dedup: queueing twice adds nothing.
+        sqlx::query("SELECT kvmem_memory_queue_ingest($1)")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    assert_eq!(count(&pool, "SELECT count(*) FROM memory_jobs").await, 5);
+    let dropped: Vec<i64> = sqlx::query_scalar(
+        "SELECT memory_message_id FROM memory_jobs WHERE state = 'dropped' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(dropped, ids[..2].to_vec());
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT dropped FROM memory_job_drops WHERE user_id = 'd'"
+        )
+        .await,
+        2
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn temporal_query_prefers_the_named_month(pool: PgPool) {
+    let svc = service(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("t.jsonl");
+    let lines = [
+        (
+            "t1",
+            "We went to a concert downtown, it was loud.",
+            "2024-03-10T20:00:00Z",
+        ),
+        (
+            "t2",
+            "We went to a concert by the river, great band.",
+            "2024-05-12T20:00:00Z",
+        ),
+        (
+            "t3",
+            "We went to a concert at the stadium.",
+            "2024-07-02T20:00:00Z",
+        ),
+        ("t4", "Just a normal day at work.", "2024-08-01T09:00:00Z"),
+    ];
+    let body: String = lines
+        .iter()
+        .map(|(id, text, at)| {
+            serde_json::json!({"user_id": "e", "session_id": id, "message_id": id, "speaker": "E", "text": text, "at": at})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    std::fs::write(&f, body).unwrap();
+    import::import_file(&svc, &f, ExtractMode::None, false, false)
+        .await
+        .unwrap();
+    let res = search::search(
+        &svc,
+        &req("e", "which concert did we see in May?", RankerKind::Hybrid),
+    )
+    .await
+    .unwrap();
+    let w = res.time_window.as_ref().expect("a window");
+    assert_eq!(w.start, at("2024-05-01T00:00:00Z"));
+    assert_eq!(res.hits[0].id, "t2");
+    // As of April, nothing after April exists yet.
+    let mut early = req("e", "concert", RankerKind::Hybrid);
+    early.as_of = Some(at("2024-04-01T00:00:00Z"));
+    let res = search::search(&svc, &early).await.unwrap();
+    assert_eq!(
+        res.hits.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(),
+        vec!["t1"]
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn cli_search_prints_the_documented_json(pool: PgPool) {
+    common::migrate(&pool).await;
+    let opts = pool.connect_options();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        opts.get_username(),
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or("postgres")
+    );
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/memory_chats.jsonl"
+    );
+    let out = common::kvmem_command(&url)
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .args(["memory", "import", "--file", fixture, "--json"])
+        .output()
+        .unwrap();
+    common::assert_success(&out);
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["imported"], 5);
+    let out = common::kvmem_command(&url)
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .args([
+            "memory",
+            "search",
+            "--user",
+            "alice",
+            "--query",
+            "where did my sister move",
+            "--limit",
+            "2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    common::assert_success(&out);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["query"], "where did my sister move");
+    assert_eq!(v["ranker"], "hybrid");
+    let hits = v["hits"].as_array().unwrap();
+    assert_eq!(hits.len(), 2);
+    let h = &hits[0];
+    assert_eq!(h["kind"], "message");
+    assert_eq!(h["id"], "a-1");
+    assert_eq!(h["source_message_ids"], serde_json::json!(["a-1"]));
+    assert_eq!(h["session_id"], "a1");
+    assert_eq!(h["at"], "2024-05-03T10:00:00Z");
+    assert!(h["score"].as_f64().unwrap() > 0.0);
+    assert!(h["components"]["rrf_vector"].as_f64().is_some());
+    assert!(h["text"].as_str().unwrap().contains("Porto"));
+    let bad = common::kvmem_command(&url)
+        .args([
+            "memory", "search", "--user", "alice", "--query", "x", "--limit", "0", "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--limit"));
+    let _ = HitKind::Memory;
+}
+
+#[sqlx::test(migrations = false)]
+async fn an_orphaned_running_job_is_run_again(pool: PgPool) {
+    let svc = service(&pool).await;
+    let job: i64 = sqlx::query_scalar("SELECT kvmem_remember('f', NULL, 'likes green tea')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // A worker claimed it and died: running, started long ago.
+    sqlx::query("UPDATE memory_jobs SET state = 'running', started_at = now() - interval '10 minutes' WHERE id = $1")
+        .bind(job)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let out = jobs::drain(&svc).await.unwrap();
+    assert!(
+        matches!(&out[..], [Outcome::Done { job_id, .. }] if *job_id == job),
+        "{out:?}"
+    );
+    // A fresh running job of another worker is left alone.
+    let other: i64 = sqlx::query_scalar("SELECT kvmem_remember('f', NULL, 'likes black coffee')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE memory_jobs SET state = 'running', started_at = now() WHERE id = $1")
+        .bind(other)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        jobs::process_next_memory_job(&svc).await.unwrap(),
+        Outcome::Empty
+    ));
+}

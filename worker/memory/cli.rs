@@ -1,0 +1,558 @@
+//! `kvmem memory …`: import, search and inspect long-term memory from a shell, straight
+//! against Postgres (schema created if missing), with no worker running.
+
+use std::path::PathBuf;
+
+use chrono::{DateTime, Utc};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::import::{self, ExtractMode};
+use super::search::{self, SearchRequest};
+use super::store::{self, Scope};
+use super::{cards, jobs, render, MemoryConfig, MemoryError, MemoryService, RankerKind};
+use crate::config::{ConfigError, Settings};
+use crate::db::{self, DbError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("{0}")]
+    Output(String),
+}
+
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+#[derive(Debug, Args)]
+pub struct MemoryArgs {
+    #[command(subcommand)]
+    pub command: MemoryCommand,
+}
+
+/// Who: the user is a wall; the character filters reads; the guild is a wall.
+#[derive(Debug, Clone, Args)]
+pub struct ScopeArgs {
+    #[arg(long)]
+    pub user: String,
+    #[arg(long)]
+    pub character: Option<i64>,
+    #[arg(long)]
+    pub guild: Option<String>,
+    /// A ranking hint only (seed 002).
+    #[arg(long)]
+    pub channel: Option<String>,
+}
+
+impl ScopeArgs {
+    fn scope(&self) -> Scope {
+        Scope {
+            user_id: self.user.clone(),
+            character_id: self.character,
+            guild_id: self.guild.clone(),
+            channel_id: self.channel.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemoryCommand {
+    /// Import chat history: one JSON object a line with user_id, optional character_id,
+    /// session_id, message_id, speaker, text, at (RFC 3339). Idempotent by message_id.
+    Import {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "none")]
+        extract: ExtractMode,
+        /// Abort without importing anything if any line is bad.
+        #[arg(long)]
+        strict: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ranked memories and messages for a query.
+    Search {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        query: String,
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        /// Search what was known and valid at this time (RFC 3339).
+        #[arg(long)]
+        as_of: Option<String>,
+        /// seed001 | seed002 | hybrid | lexical | vector (default: memory_ranker).
+        #[arg(long)]
+        ranker: Option<String>,
+        /// Seed 002's strict mode: only hits that pass the relevance gate.
+        #[arg(long)]
+        strict: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The current facts ("what do you know"), with foundation memories and cards.
+    Show {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        as_of: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Store an explicit, pinned fact (queued through kvmem_remember, then run here).
+    Remember {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        text: String,
+        /// `<type>:<name>`, repeatable.
+        #[arg(long)]
+        entity: Vec<String>,
+    },
+    /// Archive the facts matching a text (queued through kvmem_forget, then run here).
+    Forget {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        text: String,
+    },
+    /// Seed 001's entity cards.
+    Cards {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The daily journal YYYY-MM-DD.md, rendered from Postgres.
+    Journal {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        date: String,
+    },
+    /// MEMORY.md, rendered from Postgres.
+    Snapshot {
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
+    /// Fill every missing message vector.
+    Reindex {
+        #[arg(long)]
+        user: Option<String>,
+    },
+    /// Propose (and with --merge, record) merges of near-identical entity slugs.
+    Entities {
+        #[arg(long)]
+        user: String,
+        #[arg(long, default_value_t = 0.4)]
+        threshold: f32,
+        #[arg(long)]
+        merge: bool,
+    },
+    /// Curator pass: keep-80/120 archiving and near-duplicate folding for one user.
+    Curate {
+        #[command(flatten)]
+        scope: ScopeArgs,
+    },
+    /// Run queued memory jobs until none is left.
+    Work,
+    /// Evidence recall@5/@10 per ranker on a question file (ops/bench-memory): one JSON
+    /// object a line with user_id, question, evidence (message ids), optional type, as_of.
+    Eval {
+        #[arg(long)]
+        questions: PathBuf,
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "lexical,vector,seed001,seed002,hybrid"
+        )]
+        rankers: Vec<String>,
+        /// Use each question's as_of (the end of its conversation) as --as-of.
+        #[arg(long)]
+        as_of: bool,
+    },
+}
+
+fn parse_time(s: &Option<String>) -> Result<Option<DateTime<Utc>>> {
+    s.as_deref()
+        .map(|t| {
+            DateTime::parse_from_rfc3339(t)
+                .map(|d| d.with_timezone(&Utc))
+                .map_err(|e| {
+                    MemoryError::Invalid(format!("--as-of {t:?} is not RFC 3339: {e}")).into()
+                })
+        })
+        .transpose()
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<()> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.to_string()))?;
+    println!("{s}");
+    Ok(())
+}
+
+/// Runs one `kvmem memory` command against `DATABASE_URL`, migrating first.
+pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 4).await?;
+    db::migrate(&pool).await?;
+    let config = MemoryConfig::from_settings(&settings)?;
+    let needs_embedder = !matches!(
+        args.command,
+        MemoryCommand::Cards { .. }
+            | MemoryCommand::Journal { .. }
+            | MemoryCommand::Snapshot { .. }
+            | MemoryCommand::Entities { .. }
+            | MemoryCommand::Show { .. }
+    );
+    let svc = if needs_embedder {
+        MemoryService::new(pool.clone(), config).await
+    } else {
+        MemoryService {
+            pool: pool.clone(),
+            config,
+            embedder: None,
+            extractor: None,
+        }
+    };
+    match args.command {
+        MemoryCommand::Import {
+            file,
+            extract,
+            strict,
+            json,
+        } => {
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let report =
+                import::import_file(&svc, &file, extract, strict, progress || !json).await?;
+            for r in &report.rejections {
+                eprintln!("rejected {r}");
+            }
+            if json {
+                print_json(&report)?;
+            } else {
+                println!(
+                    "imported {} | skipped-duplicate {} | rejected {} | embedded {} | backfilled {} | queued for extraction {} | {:.1} msgs/s{}",
+                    report.imported,
+                    report.skipped_duplicate,
+                    report.rejected,
+                    report.embedded,
+                    report.backfilled,
+                    report.queued_for_extraction,
+                    report.messages_per_second,
+                    if report.semantic { "" } else { " | LEXICAL ONLY (no embedder)" }
+                );
+            }
+            if extract == ExtractMode::Llm && svc.extractor.is_none() {
+                eprintln!(
+                    "note: {} message(s) queued on the memory lane; a worker with an extraction model runs them",
+                    report.queued_for_extraction
+                );
+            }
+            if report.lines > 0 && report.rejected == report.lines {
+                return Err(MemoryError::Invalid("every line was rejected".into()).into());
+            }
+        }
+        MemoryCommand::Search {
+            scope,
+            query,
+            limit,
+            as_of,
+            ranker,
+            strict,
+            json,
+        } => {
+            let ranker = match ranker {
+                Some(r) => RankerKind::parse(&r)?,
+                None => svc.config.ranker,
+            };
+            let req = SearchRequest {
+                scope: scope.scope(),
+                query,
+                limit,
+                as_of: parse_time(&as_of)?,
+                ranker,
+                strict,
+            };
+            let res = search::search(&svc, &req).await?;
+            if json {
+                print_json(&res)?;
+            } else {
+                for (i, h) in res.hits.iter().enumerate() {
+                    println!(
+                        "{:>2}. [{:?} {}] {:.4} {}{}",
+                        i + 1,
+                        h.kind,
+                        h.id,
+                        h.score,
+                        h.speaker
+                            .as_deref()
+                            .map(|s| format!("{s}: "))
+                            .unwrap_or_default(),
+                        h.text
+                    );
+                }
+            }
+        }
+        MemoryCommand::Show { scope, as_of, json } => {
+            let s = scope.scope();
+            let facts = store::facts(&pool, &s, parse_time(&as_of)?, 1000).await?;
+            let found = cards::foundation(&pool, &s).await?;
+            let cs = cards::cards_for_refs(&pool, &s, None).await?;
+            if json {
+                print_json(&json!({"facts": facts, "foundation": found, "cards": cs}))?;
+            } else {
+                for f in &facts {
+                    let pin = if f.pinned { " [pinned]" } else { "" };
+                    println!(
+                        "{} {} {}{pin} (imp {}, {})",
+                        f.id, f.kind, f.text, f.importance, f.source
+                    );
+                }
+                for c in &cs {
+                    println!("{}", c.text);
+                }
+            }
+        }
+        MemoryCommand::Remember {
+            scope,
+            text,
+            entity,
+        } => {
+            let s = scope.scope();
+            let job: i64 = sqlx::query_scalar(include_str!("../../sql/memory/queue_remember.sql"))
+                .bind(&s.user_id)
+                .bind(s.character_id)
+                .bind(&text)
+                .bind(&s.guild_id)
+                .bind(&entity)
+                .fetch_one(&pool)
+                .await
+                .map_err(sql_input)?;
+            print_job(&svc, job).await?;
+        }
+        MemoryCommand::Forget { scope, text } => {
+            let s = scope.scope();
+            let job: i64 = sqlx::query_scalar(include_str!("../../sql/memory/queue_forget.sql"))
+                .bind(&s.user_id)
+                .bind(s.character_id)
+                .bind(&text)
+                .bind(&s.guild_id)
+                .fetch_one(&pool)
+                .await
+                .map_err(sql_input)?;
+            print_job(&svc, job).await?;
+        }
+        MemoryCommand::Cards { scope, json } => {
+            let cs = cards::cards_for_refs(&pool, &scope.scope(), None).await?;
+            if json {
+                print_json(&cs)?;
+            } else {
+                for c in cs {
+                    println!("{}", c.text);
+                }
+            }
+        }
+        MemoryCommand::Journal { scope, date } => {
+            print!("{}", render::journal(&pool, &scope.scope(), &date).await?);
+        }
+        MemoryCommand::Snapshot { scope } => {
+            print!("{}", render::snapshot(&pool, &scope.scope()).await?);
+        }
+        MemoryCommand::Reindex { user } => {
+            let n = import::reindex(&svc, user.as_deref(), true).await?;
+            println!("reindexed {n} message(s)");
+        }
+        MemoryCommand::Entities {
+            user,
+            threshold,
+            merge,
+        } => {
+            let props = store::propose_merges(&pool, &user, threshold).await?;
+            for p in &props {
+                println!(
+                    "{} <- {} (similarity {:.2})",
+                    p.canonical, p.alias, p.similarity
+                );
+                if merge {
+                    store::merge_entities(&pool, &user, &p.alias, &p.canonical, Some(p.similarity))
+                        .await?;
+                }
+            }
+            if props.is_empty() {
+                println!("no near-identical entities");
+            }
+        }
+        MemoryCommand::Curate { scope } => {
+            let s = scope.scope();
+            s.validate()?;
+            let archived = store::archive_keep(
+                &pool,
+                &s.user_id,
+                svc.config.keep_user,
+                svc.config.keep_lore,
+            )
+            .await?;
+            let folded = jobs::curate(&svc, &s).await?;
+            println!(
+                "archived {archived} over the keep limits; folded {} near-duplicate(s)",
+                folded.len()
+            );
+        }
+        MemoryCommand::Eval {
+            questions,
+            rankers,
+            as_of,
+        } => {
+            let rankers: Vec<RankerKind> = rankers
+                .iter()
+                .map(|r| RankerKind::parse(r))
+                .collect::<std::result::Result<_, _>>()?;
+            eval(&svc, &questions, &rankers, as_of).await?;
+        }
+        MemoryCommand::Work => {
+            let done = jobs::drain(&svc).await?;
+            println!("ran {} memory job(s)", done.len());
+        }
+    }
+    Ok(())
+}
+
+fn sql_input(e: sqlx::Error) -> CliError {
+    match &e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some("22023") => {
+            MemoryError::Invalid(d.message().to_string()).into()
+        }
+        _ => MemoryError::Db(e).into(),
+    }
+}
+
+async fn print_job(svc: &MemoryService, job: i64) -> Result<()> {
+    for o in jobs::drain(svc).await? {
+        match o {
+            jobs::Outcome::Done { job_id, result, .. } if job_id == job => {
+                return print_json(&json!({"job_id": job, "state": "done", "result": result}));
+            }
+            jobs::Outcome::Failed { job_id, error, .. } if job_id == job => {
+                return Err(MemoryError::Invalid(format!("job {job} failed: {error}")).into());
+            }
+            _ => {}
+        }
+    }
+    Err(MemoryError::NotFound(format!("job {job} was not run")).into())
+}
+
+#[derive(serde::Deserialize)]
+struct EvalQuestion {
+    user_id: String,
+    question: String,
+    evidence: Vec<String>,
+    #[serde(default)]
+    r#type: Option<String>,
+    #[serde(default)]
+    as_of: Option<DateTime<Utc>>,
+}
+
+/// Share of a question's evidence ids found in the top `k` hits' source ids.
+fn recall(hits: &[search::Hit], evidence: &[String], k: usize) -> f64 {
+    if evidence.is_empty() {
+        return 1.0;
+    }
+    let got: std::collections::HashSet<&str> = hits
+        .iter()
+        .take(k)
+        .flat_map(|h| h.source_message_ids.iter().map(String::as_str))
+        .collect();
+    evidence.iter().filter(|e| got.contains(e.as_str())).count() as f64 / evidence.len() as f64
+}
+
+async fn eval(
+    svc: &MemoryService,
+    path: &std::path::Path,
+    rankers: &[RankerKind],
+    use_as_of: bool,
+) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| MemoryError::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    let mut qs: Vec<EvalQuestion> = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        qs.push(
+            serde_json::from_str(line)
+                .map_err(|e| MemoryError::Invalid(format!("line {}: {e}", i + 1)))?,
+        );
+    }
+    let mut types: Vec<String> = qs.iter().filter_map(|q| q.r#type.clone()).collect();
+    types.sort();
+    types.dedup();
+    println!(
+        "{:<9} {:>5} {:>6} {:>6}  {}  p50/p95 ms",
+        "ranker",
+        "n",
+        "R@5",
+        "R@10",
+        types
+            .iter()
+            .map(|t| format!("{t}@10"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for &ranker in rankers {
+        let (mut r5, mut r10) = (0.0, 0.0);
+        let mut by_type: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+        let mut lat: Vec<f64> = Vec::new();
+        for q in &qs {
+            let req = SearchRequest {
+                scope: Scope::user(&q.user_id),
+                query: q.question.clone(),
+                limit: 10,
+                as_of: if use_as_of { q.as_of } else { None },
+                ranker,
+                strict: false,
+            };
+            let t = std::time::Instant::now();
+            let res = search::search(svc, &req).await?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            r5 += recall(&res.hits, &q.evidence, 5);
+            let x = recall(&res.hits, &q.evidence, 10);
+            r10 += x;
+            if let Some(t) = &q.r#type {
+                let e = by_type.entry(t.clone()).or_default();
+                e.0 += x;
+                e.1 += 1;
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let n = qs.len().max(1) as f64;
+        println!(
+            "{:<9} {:>5} {:>6.3} {:>6.3}  {}  {:.1}/{:.1}",
+            ranker.as_str(),
+            qs.len(),
+            r5 / n,
+            r10 / n,
+            types
+                .iter()
+                .map(|t| {
+                    let (s, c) = by_type.get(t).copied().unwrap_or((0.0, 0));
+                    format!("{:>w$.3}", s / c.max(1) as f64, w = t.len() + 3)
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            pct(0.5),
+            pct(0.95)
+        );
+    }
+    Ok(())
+}

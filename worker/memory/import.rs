@@ -1,0 +1,414 @@
+//! Bulk import of existing chat history (JSONL), so a character can search a user's past
+//! before kvmem ever ran a turn: idempotent by the caller's message id, embedded and
+//! committed in chunks, bad lines reported by number and never half-imported.
+
+use std::collections::{HashMap, HashSet};
+use std::io::BufRead;
+use std::path::Path;
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+
+use super::search::message_key;
+use super::{embed, MemoryError, MemoryService, Result};
+
+/// Lines per transaction (and per embedding call group).
+const CHUNK: usize = 256;
+const MAX_TEXT: usize = 20_000;
+
+/// Whether import runs the LLM extractor over the messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ExtractMode {
+    /// Index for search only (full text + vectors).
+    None,
+    /// Also queue every message for fact extraction on the memory lane.
+    Llm,
+}
+
+#[derive(Deserialize)]
+struct RawLine {
+    user_id: serde_json::Value,
+    #[serde(default)]
+    character_id: Option<i64>,
+    #[serde(default)]
+    guild_id: Option<serde_json::Value>,
+    #[serde(default)]
+    channel_id: Option<serde_json::Value>,
+    session_id: serde_json::Value,
+    message_id: serde_json::Value,
+    speaker: String,
+    text: String,
+    at: String,
+}
+
+/// A validated line.
+#[derive(Debug, Clone)]
+pub struct ImportLine {
+    pub line: usize,
+    pub user_id: String,
+    pub character_id: Option<i64>,
+    pub guild_id: Option<String>,
+    pub channel_id: Option<String>,
+    pub session_id: String,
+    pub message_id: String,
+    pub speaker: String,
+    pub text: String,
+    pub at: DateTime<Utc>,
+    pub context: Option<String>,
+}
+
+fn id_string(field: &str, v: &serde_json::Value) -> std::result::Result<String, String> {
+    let s = match v {
+        serde_json::Value::String(s) => s.trim().to_string(),
+        serde_json::Value::Number(n) => n.to_string(),
+        _ => return Err(format!("{field} must be a string")),
+    };
+    if s.is_empty() {
+        return Err(format!("{field} must not be empty"));
+    }
+    if s.len() > 200 {
+        return Err(format!("{field} is longer than 200 characters"));
+    }
+    Ok(s)
+}
+
+/// RFC 3339; a timestamp without an offset is read as UTC rather than rejected, since
+/// exports often drop the `Z`.
+fn parse_at(raw: &str) -> std::result::Result<DateTime<Utc>, String> {
+    let t = raw.trim();
+    if let Ok(d) = DateTime::parse_from_rfc3339(t) {
+        return Ok(d.with_timezone(&Utc));
+    }
+    for f in [
+        "%Y-%m-%dT%H:%M:%S%.f",
+        "%Y-%m-%d %H:%M:%S%.f",
+        "%Y-%m-%dT%H:%M",
+    ] {
+        if let Ok(n) = chrono::NaiveDateTime::parse_from_str(t, f) {
+            return Ok(n.and_utc());
+        }
+    }
+    Err(format!(
+        "at {raw:?} is not RFC 3339 (e.g. 2024-05-03T10:00:00Z)"
+    ))
+}
+
+/// Parses and validates one line; the error says which field is wrong.
+pub fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, String> {
+    let r: RawLine = serde_json::from_str(raw).map_err(|e| format!("not a valid record: {e}"))?;
+    let opt = |field: &str, v: &Option<serde_json::Value>| match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(v) => id_string(field, v).map(Some),
+    };
+    let at = parse_at(&r.at)?;
+    let text = r.text.trim().to_string();
+    if text.is_empty() {
+        return Err("text is empty".into());
+    }
+    if text.chars().count() > MAX_TEXT {
+        return Err(format!("text is longer than {MAX_TEXT} characters"));
+    }
+    let speaker = r.speaker.trim().to_string();
+    if speaker.is_empty() {
+        return Err("speaker is empty".into());
+    }
+    Ok(ImportLine {
+        line: line_no,
+        user_id: id_string("user_id", &r.user_id)?,
+        character_id: r.character_id,
+        guild_id: opt("guild_id", &r.guild_id)?,
+        channel_id: opt("channel_id", &r.channel_id)?,
+        session_id: id_string("session_id", &r.session_id)?,
+        message_id: id_string("message_id", &r.message_id)?,
+        speaker,
+        text,
+        at,
+        context: None,
+    })
+}
+
+/// What an import did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ImportReport {
+    pub lines: usize,
+    pub imported: usize,
+    pub skipped_duplicate: usize,
+    pub rejected: usize,
+    /// `line N: reason`, at most the first 100.
+    pub rejections: Vec<String>,
+    pub embedded: usize,
+    /// Existing messages that got their missing vector on this run.
+    pub backfilled: usize,
+    pub queued_for_extraction: usize,
+    pub semantic: bool,
+    pub seconds: f64,
+    pub messages_per_second: f64,
+}
+
+/// Imports a JSONL file. Every valid line is imported (or skipped as a duplicate); every
+/// bad line is rejected with its number and reason. With `strict`, any bad line aborts
+/// the import before anything is written.
+pub async fn import_file(
+    svc: &MemoryService,
+    path: &Path,
+    mode: ExtractMode,
+    strict: bool,
+    progress: bool,
+) -> Result<ImportReport> {
+    let started = Instant::now();
+    let file = std::fs::File::open(path)
+        .map_err(|e| MemoryError::Invalid(format!("cannot open {}: {e}", path.display())))?;
+    let mut report = ImportReport {
+        semantic: svc.embedder.is_some(),
+        ..ImportReport::default()
+    };
+    let mut lines: Vec<ImportLine> = Vec::new();
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let mut last_in_session: HashMap<(String, String), String> = HashMap::new();
+    for (i, raw) in std::io::BufReader::new(file).lines().enumerate() {
+        let n = i + 1;
+        let raw = raw.map_err(|e| MemoryError::Invalid(format!("line {n}: cannot read: {e}")))?;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        report.lines += 1;
+        match parse_line(n, &raw) {
+            Ok(mut l) => {
+                if !seen.insert((l.user_id.clone(), l.message_id.clone())) {
+                    report.skipped_duplicate += 1;
+                    continue;
+                }
+                let sk = (l.user_id.clone(), l.session_id.clone());
+                l.context = last_in_session.insert(sk, format!("{}: {}", l.speaker, l.text));
+                lines.push(l);
+            }
+            Err(reason) => {
+                report.rejected += 1;
+                if report.rejections.len() < 100 {
+                    report.rejections.push(format!("line {n}: {reason}"));
+                }
+            }
+        }
+    }
+    if strict && report.rejected > 0 {
+        return Err(MemoryError::Invalid(format!(
+            "{} bad line(s), nothing imported (--strict):\n{}",
+            report.rejected,
+            report.rejections.join("\n")
+        )));
+    }
+    let bar = if progress {
+        let b = indicatif::ProgressBar::new(lines.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} importing [{bar:40}] {pos}/{len} {per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut new_ids: Vec<i64> = Vec::new();
+    for chunk in lines.chunks(CHUNK) {
+        let (ins, dup, emb, back) = import_chunk(svc, chunk, &mut new_ids).await?;
+        report.imported += ins;
+        report.skipped_duplicate += dup;
+        report.embedded += emb;
+        report.backfilled += back;
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    if mode == ExtractMode::Llm && !new_ids.is_empty() {
+        let queued: Vec<Option<i64>> =
+            sqlx::query_scalar(include_str!("../../sql/memory/queue_ingest_many.sql"))
+                .bind(&new_ids)
+                .fetch_all(&svc.pool)
+                .await?;
+        report.queued_for_extraction = queued.iter().flatten().count();
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    report.messages_per_second = if report.seconds > 0.0 {
+        (report.imported + report.skipped_duplicate) as f64 / report.seconds
+    } else {
+        0.0
+    };
+    Ok(report)
+}
+
+/// One chunk: skip stored ids, embed the rest in batches, insert in one transaction.
+async fn import_chunk(
+    svc: &MemoryService,
+    chunk: &[ImportLine],
+    new_ids: &mut Vec<i64>,
+) -> Result<(usize, usize, usize, usize)> {
+    let users: Vec<&str> = chunk.iter().map(|l| l.user_id.as_str()).collect();
+    let mids: Vec<&str> = chunk.iter().map(|l| l.message_id.as_str()).collect();
+    let existing = sqlx::query(include_str!("../../sql/memory/import_existing.sql"))
+        .bind(&users)
+        .bind(&mids)
+        .fetch_all(&svc.pool)
+        .await?;
+    let stored: HashSet<(String, String)> = existing
+        .iter()
+        .map(|r| (r.get("user_id"), r.get("message_id")))
+        .collect();
+    let fresh: Vec<&ImportLine> = chunk
+        .iter()
+        .filter(|l| !stored.contains(&(l.user_id.clone(), l.message_id.clone())))
+        .collect();
+    // Stored messages still without a vector get one now (a later run backfills).
+    let missing: Vec<(i64, String)> = existing
+        .iter()
+        .filter(|r| r.get::<bool, _>("unembedded"))
+        .map(|r| {
+            let ctx: Option<String> = r.get("context");
+            (
+                r.get("id"),
+                message_key(r.get("speaker"), r.get("text"), ctx.as_deref()),
+            )
+        })
+        .collect();
+    let mut texts: Vec<String> = fresh
+        .iter()
+        .map(|l| message_key(&l.speaker, &l.text, l.context.as_deref()))
+        .collect();
+    texts.extend(missing.iter().map(|m| m.1.clone()));
+    let vecs = if texts.is_empty() {
+        None
+    } else {
+        svc.embed(texts).await
+    };
+    let (fresh_vecs, back_vecs): (Vec<Option<Vec<u8>>>, Vec<Vec<u8>>) = match &vecs {
+        Some(v) => (
+            v[..fresh.len()]
+                .iter()
+                .map(|x| Some(embed::to_bytes(x)))
+                .collect(),
+            v[fresh.len()..]
+                .iter()
+                .map(|x| embed::to_bytes(x))
+                .collect(),
+        ),
+        None => (vec![None; fresh.len()], Vec::new()),
+    };
+    // Transaction scope: one chunk of new messages and the chunk's vector backfill.
+    let mut tx = svc.pool.begin().await?;
+    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/memory/import_insert.sql"))
+        .bind(fresh.iter().map(|l| l.user_id.clone()).collect::<Vec<_>>())
+        .bind(fresh.iter().map(|l| l.character_id).collect::<Vec<_>>())
+        .bind(fresh.iter().map(|l| l.guild_id.clone()).collect::<Vec<_>>())
+        .bind(
+            fresh
+                .iter()
+                .map(|l| l.channel_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            fresh
+                .iter()
+                .map(|l| l.session_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            fresh
+                .iter()
+                .map(|l| l.message_id.clone())
+                .collect::<Vec<_>>(),
+        )
+        .bind(fresh.iter().map(|l| l.speaker.clone()).collect::<Vec<_>>())
+        .bind(fresh.iter().map(|l| l.text.clone()).collect::<Vec<_>>())
+        .bind(fresh.iter().map(|l| l.at).collect::<Vec<_>>())
+        .bind(fresh.iter().map(|l| l.context.clone()).collect::<Vec<_>>())
+        .bind(&fresh_vecs)
+        .bind(vecs.as_ref().and(svc.model_name()))
+        .fetch_all(&mut *tx)
+        .await?;
+    if !back_vecs.is_empty() {
+        sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
+            .bind(missing.iter().map(|m| m.0).collect::<Vec<_>>())
+            .bind(&back_vecs)
+            .bind(svc.model_name())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    let inserted = ids.len();
+    new_ids.extend(&ids);
+    let embedded = if vecs.is_some() { inserted } else { 0 };
+    Ok((inserted, chunk.len() - inserted, embedded, back_vecs.len()))
+}
+
+/// Fills every missing message vector (`kvmem memory reindex`); returns how many.
+pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) -> Result<usize> {
+    if svc.embedder.is_none() {
+        return Err(MemoryError::Invalid(
+            "no embedder loaded: set memory_embed_model_path to the MiniLM GGUF".into(),
+        ));
+    }
+    let bar = if progress {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut after = 0i64;
+    let mut done = 0;
+    loop {
+        let rows = sqlx::query(include_str!("../../sql/memory/unembedded_messages.sql"))
+            .bind(user)
+            .bind(after)
+            .bind(CHUNK as i64)
+            .fetch_all(&svc.pool)
+            .await?;
+        if rows.is_empty() {
+            break;
+        }
+        let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+        after = *ids.last().expect("non-empty");
+        let texts = rows
+            .iter()
+            .map(|r| {
+                let ctx: Option<String> = r.get("context");
+                message_key(r.get("speaker"), r.get("text"), ctx.as_deref())
+            })
+            .collect();
+        let vecs = svc
+            .embed(texts)
+            .await
+            .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
+        let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();
+        sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
+            .bind(&ids)
+            .bind(&bytes)
+            .bind(svc.model_name())
+            .execute(&svc.pool)
+            .await?;
+        done += ids.len();
+        bar.set_message(format!("{done} vectors"));
+        bar.tick();
+    }
+    bar.finish_and_clear();
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_and_fail_with_the_field_named() {
+        let l = parse_line(1, r#"{"user_id":"u","session_id":3,"message_id":"m","speaker":"A","text":" hi there ","at":"2024-05-03T10:00:00+02:00"}"#).unwrap();
+        assert_eq!((l.session_id.as_str(), l.text.as_str()), ("3", "hi there"));
+        assert_eq!(l.at.to_rfc3339(), "2024-05-03T08:00:00+00:00");
+        let naive = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"2024-05-03T10:00:00"}"#).unwrap();
+        assert_eq!(naive.at.to_rfc3339(), "2024-05-03T10:00:00+00:00");
+        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"","speaker":"A","text":"x","at":"2024-05-03T10:00:00Z"}"#).unwrap_err();
+        assert_eq!(e, "message_id must not be empty");
+        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"May 3"}"#).unwrap_err();
+        assert!(e.starts_with("at \"May 3\" is not RFC 3339"), "{e}");
+    }
+}

@@ -1,0 +1,469 @@
+//! The memory lane: ingest (clean, embed, extract), remember and forget run as jobs in
+//! Postgres, ordered per user and below live turns, so memory work never blocks a chat
+//! turn and every outcome (including "nothing found") is recorded on the job row.
+
+use serde::Serialize;
+use serde_json::json;
+use sqlx::Row;
+
+use super::search::{content_words, message_key, overlap};
+use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
+use super::{embed, event, MemoryError, MemoryService, Result};
+
+/// A running memory job older than this is taken to be orphaned and is run again.
+pub const STALE_JOB_SECS: f64 = 300.0;
+/// Seed 002's cleaning limits.
+pub const MAX_CLEAN_CHARS: usize = 320;
+pub const MIN_CLEAN_CHARS: usize = 4;
+/// Seed 002: at most 4 facts per message.
+pub const MAX_FACTS_PER_MESSAGE: usize = 4;
+/// Forget matches a fact when this share of the request's words is in it...
+pub const FORGET_OVERLAP: f64 = 0.6;
+/// ...or when the vectors are this close.
+pub const FORGET_COSINE: f64 = 0.80;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Nothing queued.
+    Empty,
+    /// Another worker claimed the same user's job at the same moment; try again.
+    Busy,
+    Done {
+        job_id: i64,
+        kind: String,
+        result: serde_json::Value,
+    },
+    Failed {
+        job_id: i64,
+        kind: String,
+        error: String,
+    },
+}
+
+/// Seed 002's cleaning: trim, collapse whitespace, cut to 320 characters.
+pub fn clean(text: &str) -> Option<String> {
+    let c: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let c: String = c.chars().take(MAX_CLEAN_CHARS).collect();
+    (c.chars().count() >= MIN_CLEAN_CHARS).then_some(c)
+}
+
+/// Claims and runs the next memory job. Embedder and extractor failures are events and
+/// the job still completes (ingestion continues); only database errors fail the call.
+pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
+    // A job left running by a dead worker would block its user's lane for good.
+    sqlx::query(include_str!("../../sql/memory/job_reap.sql"))
+        .bind(STALE_JOB_SECS)
+        .execute(&svc.pool)
+        .await?;
+    let claimed = sqlx::query(include_str!("../../sql/memory/job_claim.sql"))
+        .fetch_optional(&svc.pool)
+        .await;
+    let row = match claimed {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(Outcome::Empty),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Outcome::Busy),
+        Err(e) => return Err(e.into()),
+    };
+    let id: i64 = row.get("id");
+    let kind: String = row.get("kind");
+    let scope = Scope {
+        user_id: row.get("user_id"),
+        character_id: row.get("character_id"),
+        guild_id: row.get("guild_id"),
+        channel_id: None,
+    };
+    let payload: serde_json::Value = row.get("payload");
+    let res = match kind.as_str() {
+        "ingest" => ingest(svc, row.get("memory_message_id")).await,
+        "remember" => remember(svc, &scope, &payload).await,
+        "forget" => forget(svc, &scope, &payload).await,
+        other => Err(MemoryError::Invalid(format!("unknown job kind {other}"))),
+    };
+    let outcome = match res {
+        Ok(result) => {
+            finish(svc, id, "done", Some(&result), None).await?;
+            Outcome::Done {
+                job_id: id,
+                kind,
+                result,
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            finish(svc, id, "failed", None, Some(&msg)).await?;
+            event(&svc.pool, "memory_job_failed", &msg, Some(&scope.user_id)).await;
+            Outcome::Failed {
+                job_id: id,
+                kind,
+                error: msg,
+            }
+        }
+    };
+    Ok(outcome)
+}
+
+async fn finish(
+    svc: &MemoryService,
+    id: i64,
+    state: &str,
+    result: Option<&serde_json::Value>,
+    error: Option<&str>,
+) -> Result<()> {
+    sqlx::query(include_str!("../../sql/memory/job_finish.sql"))
+        .bind(id)
+        .bind(state)
+        .bind(result)
+        .bind(error)
+        .execute(&svc.pool)
+        .await?;
+    Ok(())
+}
+
+async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json::Value> {
+    let Some(mid) = message else {
+        return Ok(json!({"skipped": "message deleted"}));
+    };
+    let Some(m) = sqlx::query(include_str!("../../sql/memory/job_message.sql"))
+        .bind(mid)
+        .fetch_optional(&svc.pool)
+        .await?
+    else {
+        return Ok(json!({"skipped": "message deleted"}));
+    };
+    let user: String = m.get("user_id");
+    let speaker: String = m.get("speaker");
+    let text: String = m.get("text");
+    let Some(cleaned) = clean(&text) else {
+        return Ok(json!({"skipped": "too short"}));
+    };
+    let mut result = json!({"embedded": false, "facts": 0});
+    if m.get::<bool, _>("unembedded") {
+        let ctx: Option<String> = m.get("context");
+        if let Some(v) = svc
+            .embed(vec![message_key(&speaker, &text, ctx.as_deref())])
+            .await
+        {
+            sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
+                .bind(vec![mid])
+                .bind(vec![embed::to_bytes(&v[0])])
+                .bind(svc.model_name())
+                .execute(&svc.pool)
+                .await?;
+            result["embedded"] = json!(true);
+        } else if svc.embedder.is_none() {
+            result["embed_skipped"] = json!("no embedder");
+        }
+    }
+    let Some(extractor) = svc.extractor.clone() else {
+        return Ok(result);
+    };
+    // Facts come from what the user said, not from the character's replies.
+    if speaker == "assistant" {
+        return Ok(result);
+    }
+    let (sp, tx) = (speaker.clone(), cleaned.clone());
+    let facts = match tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) => {
+            event(&svc.pool, "memory_extract_error", &e, Some(&user)).await;
+            result["extract_error"] = json!(e);
+            return Ok(result);
+        }
+        Err(e) => {
+            event(
+                &svc.pool,
+                "memory_extract_error",
+                &e.to_string(),
+                Some(&user),
+            )
+            .await;
+            result["extract_error"] = json!(e.to_string());
+            return Ok(result);
+        }
+    };
+    let message_id: String = m.get("message_id");
+    let mut stored = 0;
+    for f in facts.into_iter().take(MAX_FACTS_PER_MESSAGE) {
+        let mut nm = NewMemory::new(&user, f.kind, f.fact_type, &f.text, Source::Extraction);
+        nm.character_id = None;
+        nm.guild_id = m.get("guild_id");
+        nm.channel_id = m.get("channel_id");
+        nm.entity_refs = f.entity_refs;
+        nm.entity_label = f.entity_label;
+        nm.importance = f.importance.unwrap_or(1).clamp(0, 3);
+        nm.confidence = f.confidence.unwrap_or(0.7).clamp(0.0, 1.0);
+        nm.evidence_text = f.evidence_text;
+        nm.source_message_ids = vec![message_id.clone()];
+        nm.valid_from = m.get("at");
+        if let Some(v) = svc.embed(vec![nm.embed_text()]).await {
+            nm.embedding = v.into_iter().next();
+            nm.embed_model = svc.model_name().map(str::to_string);
+        }
+        match store::upsert(&svc.pool, nm).await {
+            Ok(_) => stored += 1,
+            Err(MemoryError::Invalid(reason)) => {
+                event(&svc.pool, "memory_fact_rejected", &reason, Some(&user)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    store::archive_keep(&svc.pool, &user, svc.config.keep_user, svc.config.keep_lore).await?;
+    result["facts"] = json!(stored);
+    Ok(result)
+}
+
+/// Rewrites a first-person statement in the third person, deterministically ("I live in
+/// Lyon" -> "The user lives in Lyon" is beyond it; "my sister" -> "the user's sister" and
+/// "I am" -> "the user is" are not). The LLM merge at temperature 0 replaces this when an
+/// extraction model is configured.
+pub fn third_person(text: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        let lower = w.to_lowercase();
+        let (core, tail) = split_punct(&lower);
+        let rep = match core {
+            "i" if words.get(i + 1).map(|n| n.to_lowercase()) == Some("am".into()) => {
+                i += 1;
+                Some("the user is".to_string())
+            }
+            "i'm" | "im" => Some("the user is".to_string()),
+            "i" => Some("the user".to_string()),
+            "my" => Some("the user's".to_string()),
+            "me" => Some("the user".to_string()),
+            "mine" => Some("the user's".to_string()),
+            "myself" => Some("themself".to_string()),
+            _ => None,
+        };
+        match rep {
+            Some(r) => out.push(format!("{r}{tail}")),
+            None => out.push(w.to_string()),
+        }
+        i += 1;
+    }
+    let s = out.join(" ");
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
+        None => s,
+    }
+}
+
+fn split_punct(w: &str) -> (&str, &str) {
+    let end = w
+        .trim_end_matches(|c: char| !c.is_alphanumeric() && c != '\'')
+        .len();
+    (&w[..end], &w[end..])
+}
+
+async fn rebuild_blob(svc: &MemoryService, scope: &Scope) -> Result<String> {
+    let facts: Vec<String> =
+        sqlx::query_scalar(include_str!("../../sql/memory/explicit_facts.sql"))
+            .bind(&scope.user_id)
+            .bind(&scope.guild_id)
+            .fetch_all(&svc.pool)
+            .await?;
+    // Newer information wins: facts are keyed, so a superseded one is no longer current.
+    let blob = facts
+        .iter()
+        .map(|f| {
+            let t = third_person(f);
+            if t.ends_with(['.', '!', '?']) {
+                t
+            } else {
+                format!("{t}.")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    sqlx::query(include_str!("../../sql/memory/blob_upsert.sql"))
+        .bind(&scope.user_id)
+        .bind(&scope.guild_id)
+        .bind(&blob)
+        .execute(&svc.pool)
+        .await?;
+    Ok(blob)
+}
+
+async fn remember(
+    svc: &MemoryService,
+    scope: &Scope,
+    payload: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    let text = payload["text"]
+        .as_str()
+        .ok_or_else(|| MemoryError::Invalid("remember job without text".into()))?;
+    let kind = payload["kind"]
+        .as_str()
+        .map(Kind::parse)
+        .transpose()?
+        .unwrap_or(Kind::Profile);
+    let fact_type = payload["fact_type"]
+        .as_str()
+        .map(FactType::parse)
+        .unwrap_or(FactType::Other);
+    let mut m = NewMemory::new(&scope.user_id, kind, fact_type, text, Source::Explicit);
+    m.character_id = scope.character_id;
+    m.guild_id = scope.guild_id.clone();
+    m.pinned = true;
+    m.confidence = 1.0;
+    m.entity_refs = payload["entity_refs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(v) = svc.embed(vec![m.embed_text()]).await {
+        m.embedding = v.into_iter().next();
+        m.embed_model = svc.model_name().map(str::to_string);
+    }
+    let up = store::upsert(&svc.pool, m).await?;
+    let blob = rebuild_blob(svc, scope).await?;
+    Ok(json!({"memory_id": up.id(), "upsert": up, "blob": blob}))
+}
+
+async fn forget(
+    svc: &MemoryService,
+    scope: &Scope,
+    payload: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    let text = payload["text"]
+        .as_str()
+        .ok_or_else(|| MemoryError::Invalid("forget job without text".into()))?;
+    let facts = store::facts(&svc.pool, scope, None, 5000).await?;
+    let words = content_words(text);
+    let qv = if facts.iter().any(|f| f.embedding.is_some()) {
+        svc.embed(vec![store::embed_text("other", text, None)])
+            .await
+            .and_then(|mut v| v.pop())
+    } else {
+        None
+    };
+    let mut matched: Vec<i64> = Vec::new();
+    for f in &facts {
+        let lex = overlap(&words, text, &f.text);
+        let cos = match (&qv, &f.embedding) {
+            (Some(q), Some(b)) => embed::dot_bytes(q, b) as f64,
+            _ => 0.0,
+        };
+        if lex >= FORGET_OVERLAP || cos >= FORGET_COSINE {
+            matched.push(f.id);
+        }
+    }
+    let archived = if matched.is_empty() {
+        Vec::new()
+    } else {
+        store::archive_ids(&svc.pool, &scope.user_id, &matched).await?
+    };
+    let blob = rebuild_blob(svc, scope).await?;
+    Ok(json!({"found": !archived.is_empty(), "archived": archived, "blob": blob}))
+}
+
+/// Runs memory jobs until none is runnable (CLI and tests; the worker calls
+/// [`process_next_memory_job`] between turns instead).
+pub async fn drain(svc: &MemoryService) -> Result<Vec<Outcome>> {
+    let mut out = Vec::new();
+    loop {
+        match process_next_memory_job(svc).await? {
+            Outcome::Empty => return Ok(out),
+            Outcome::Busy => continue,
+            o => out.push(o),
+        }
+    }
+}
+
+/// Curator pass: folds near-duplicate current facts of one user (same kind, normalised
+/// texts nearly equal or vectors >= 0.95). The best-placed fact is kept (pinned,
+/// importance, newest), becomes `curated_fold` with the group's provenance, and the
+/// others are archived. Returns the archived ids.
+pub async fn curate(svc: &MemoryService, scope: &Scope) -> Result<Vec<i64>> {
+    let facts = store::facts(&svc.pool, scope, None, 5000).await?;
+    let mut folded: Vec<i64> = Vec::new();
+    let mut used = vec![false; facts.len()];
+    for i in 0..facts.len() {
+        if used[i] {
+            continue;
+        }
+        let mut group = vec![i];
+        for j in (i + 1)..facts.len() {
+            if used[j] || facts[j].kind != facts[i].kind {
+                continue;
+            }
+            let wi = content_words(&facts[i].text);
+            let wj = content_words(&facts[j].text);
+            let inter = wi.iter().filter(|w| wj.contains(w)).count() as f64;
+            let union = (wi.len() + wj.len()) as f64 - inter;
+            let jacc = if union > 0.0 { inter / union } else { 0.0 };
+            let cos = match (&facts[i].embedding, &facts[j].embedding) {
+                (Some(a), Some(b)) => {
+                    embed::dot(&embed::from_bytes(a), &embed::from_bytes(b)) as f64
+                }
+                _ => 0.0,
+            };
+            if jacc >= 0.85 || cos >= 0.95 {
+                group.push(j);
+            }
+        }
+        if group.len() < 2 {
+            continue;
+        }
+        // facts are ordered pinned, importance, newest: the first is the keeper.
+        let keep = &facts[group[0]];
+        let ids: Vec<String> = group
+            .iter()
+            .flat_map(|&g| facts[g].source_message_ids.clone())
+            .collect();
+        let imp = group
+            .iter()
+            .map(|&g| facts[g].importance)
+            .max()
+            .unwrap_or(1);
+        let drop: Vec<i64> = group[1..].iter().map(|&g| facts[g].id).collect();
+        // Transaction scope: one folded group (keeper updated, duplicates archived).
+        let mut tx = svc.pool.begin().await?;
+        sqlx::query(include_str!("../../sql/memory/curate_set_fold.sql"))
+            .bind(keep.id)
+            .bind(&ids)
+            .bind(imp)
+            .execute(&mut *tx)
+            .await?;
+        let archived: Vec<i64> =
+            sqlx::query_scalar(include_str!("../../sql/memory/archive_ids.sql"))
+                .bind(&scope.user_id)
+                .bind(&drop)
+                .fetch_all(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        for &g in &group {
+            used[g] = true;
+        }
+        folded.extend(archived);
+    }
+    Ok(folded)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleaning_follows_seed_002() {
+        assert_eq!(clean("  hi \n there  ").as_deref(), Some("hi there"));
+        assert_eq!(clean(" ok "), None);
+        assert_eq!(clean(&"x".repeat(400)).unwrap().len(), 320);
+    }
+
+    #[test]
+    fn third_person_rewrites_pronouns() {
+        assert_eq!(
+            third_person("my sister lives in Lyon"),
+            "The user's sister lives in Lyon"
+        );
+        assert_eq!(third_person("I am vegetarian."), "The user is vegetarian.");
+    }
+}

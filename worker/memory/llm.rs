@@ -1,0 +1,85 @@
+//! The memory lane's LLM extractor: seed 002's grammar-constrained extraction and filters
+//! ([`super::extract`]) behind the [`Extractor`] seam the jobs call. A llama.cpp context
+//! cannot move between threads, so one thread owns it and extractions queue for it.
+
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+
+use super::extract::{self, FactCandidate};
+use super::store::{FactType, Kind};
+use super::{ExtractedFact, Extractor};
+use crate::engine::{Engine, EngineParams};
+
+type Reply = std::result::Result<Vec<ExtractedFact>, String>;
+type Job = (String, String, mpsc::Sender<Reply>);
+
+/// An extraction model on its own thread.
+pub struct LlmExtractor {
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+impl LlmExtractor {
+    /// Loads the extraction model (seed 002's `memoryLlm`: configurable apart from the chat
+    /// model) and starts its thread.
+    pub fn load(path: &Path, params: EngineParams) -> Result<LlmExtractor, String> {
+        let engine = Engine::load(path, None, params).map_err(|e| e.to_string())?;
+        let extractor = extract::Extractor::new(Arc::new(engine));
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("kvmem-extract".into())
+            .spawn(move || {
+                let mut ctx = match extractor.engine().new_context() {
+                    Ok(ctx) => {
+                        let _ = ready_tx.send(Ok(()));
+                        ctx
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                for (speaker, text, reply) in rx {
+                    let result = extractor
+                        .extract(&mut ctx, &speaker, &text)
+                        .map(|ex| ex.facts.into_iter().map(stored_form).collect())
+                        .map_err(|e| e.to_string());
+                    let _ = reply.send(result);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        ready_rx
+            .recv()
+            .map_err(|_| "extraction thread died".to_string())??;
+        Ok(LlmExtractor {
+            jobs: Mutex::new(tx),
+        })
+    }
+}
+
+impl Extractor for LlmExtractor {
+    fn extract(&self, speaker: &str, text: &str) -> Reply {
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .lock()
+            .map_err(|_| "extraction queue poisoned".to_string())?
+            .send((speaker.to_string(), text.to_string(), tx))
+            .map_err(|_| "extraction thread is gone".to_string())?;
+        rx.recv()
+            .map_err(|_| "extraction thread stopped".to_string())?
+    }
+}
+
+/// A filtered candidate in the store's terms (same names, the store's own enums).
+fn stored_form(c: FactCandidate) -> ExtractedFact {
+    ExtractedFact {
+        text: c.text,
+        fact_type: FactType::parse(c.fact_type.as_str()),
+        kind: Kind::parse(c.kind.as_str()).unwrap_or(Kind::Profile),
+        entity_refs: c.entity_refs,
+        entity_label: c.entity_label,
+        importance: Some(c.importance),
+        confidence: Some(c.confidence),
+        evidence_text: c.evidence,
+    }
+}

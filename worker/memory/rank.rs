@@ -1,0 +1,188 @@
+//! The rankers as pure functions over scored candidates, so each formula can be checked
+//! against hand-computed numbers and compared side by side on the same candidates.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+
+use super::RankerKind;
+
+/// What every ranker may look at for one candidate. Lists (lexical, vector) are ranks
+/// among all candidates, 0 = best; `None` = not in that list.
+#[derive(Debug, Clone, Default)]
+pub struct Signals {
+    /// Postgres full-text rank (ts_rank_cd); list order for RRF.
+    pub lexical_rank: Option<usize>,
+    /// Seed 002's lexical score: share of the query's content words the text contains, 0..1.
+    pub lexical: f64,
+    /// Cosine with the query; `None` when there is no vector (model missing).
+    pub semantic: Option<f64>,
+    pub vector_rank: Option<usize>,
+    pub confidence: f64,
+    pub at: Option<DateTime<Utc>>,
+    /// Seed 002's channel score: 1 same channel, 0.25 none, 0 another.
+    pub channel: f64,
+    /// Seed 001's entity frequency in the candidate set, 0..1.
+    pub entity_freq: f64,
+    /// Inside the query's time window (None = the query named no time).
+    pub in_window: Option<bool>,
+    /// Rank inside the time window list.
+    pub window_rank: Option<usize>,
+    /// Rank in the entity-expansion list (second pass with names from the first hits).
+    pub expansion_rank: Option<usize>,
+}
+
+/// A score with its parts, for the JSON `components`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    pub score: f64,
+    pub components: BTreeMap<String, f64>,
+    /// Seed 002's relevance gate (other rankers: always true).
+    pub passes_gate: bool,
+}
+
+fn age_days(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> f64 {
+    at.map(|t| ((now - t).num_seconds() as f64 / 86_400.0).max(0.0))
+        .unwrap_or(0.0)
+}
+
+/// Seed 001: 0.40 similarity + 0.30 recency (exponential, 14-day half-life) + 0.30 entity
+/// frequency. Without a vector, similarity falls back to the lexical score.
+pub fn seed001(s: &Signals, now: DateTime<Utc>) -> Scored {
+    let sim = s.semantic.unwrap_or(s.lexical).max(0.0);
+    let recency = 0.5f64.powf(age_days(s.at, now) / 14.0);
+    let score = 0.40 * sim + 0.30 * recency + 0.30 * s.entity_freq;
+    Scored {
+        score,
+        components: BTreeMap::from([
+            ("similarity".into(), sim),
+            ("recency".into(), recency),
+            ("entity_frequency".into(), s.entity_freq),
+        ]),
+        passes_gate: true,
+    }
+}
+
+/// Seed 002's hybrid formula, or its no-semantic variant when there is no vector, and its
+/// relevance gate. Gate without semantic (seed 002's numbers): lexical >= 0.24 or
+/// combined >= 0.62. Gate with semantic (seed 002 names no numbers; kvmem's choice):
+/// semantic >= 0.30, or lexical >= 0.24, or combined >= 0.50 with semantic or lexical >= 0.15.
+pub fn seed002(s: &Signals, now: DateTime<Utc>) -> Scored {
+    let recency = 1.0 / (1.0 + age_days(s.at, now) / 45.0);
+    let mut components = BTreeMap::from([
+        ("lexical".into(), s.lexical),
+        ("confidence".into(), s.confidence),
+        ("recency".into(), recency),
+        ("channel".into(), s.channel),
+    ]);
+    let (score, gate) = match s.semantic {
+        Some(sem) => {
+            let sem = sem.max(0.0);
+            components.insert("semantic".into(), sem);
+            let c = 0.50 * sem
+                + 0.28 * s.lexical
+                + 0.10 * s.confidence
+                + 0.07 * recency
+                + 0.05 * s.channel;
+            let gate =
+                sem >= 0.30 || s.lexical >= 0.24 || (c >= 0.50 && sem.max(s.lexical) >= 0.15);
+            (c, gate)
+        }
+        None => {
+            let c = 0.75 * s.lexical + 0.10 * s.confidence + 0.10 * recency + 0.05 * s.channel;
+            (c, s.lexical >= 0.24 || c >= 0.62)
+        }
+    };
+    Scored {
+        score,
+        components,
+        passes_gate: gate,
+    }
+}
+
+/// Reciprocal-rank fusion constant (the usual 60).
+pub const RRF_K: f64 = 60.0;
+/// Lexical weight reaches 1 at half the query's content words matched.
+pub const LEXICAL_MATCH_GAIN: f64 = 2.0;
+pub const TIME_WEIGHT: f64 = 2.0;
+
+fn rrf(rank: Option<usize>) -> f64 {
+    rank.map(|r| 1.0 / (RRF_K + r as f64 + 1.0)).unwrap_or(0.0)
+}
+
+/// kvmem's default: reciprocal-rank fusion of the lexical list, the vector list, the
+/// time-window list (when the query names a time) and the entity-expansion list (half
+/// weight), so a candidate found by several retrievers rises and none needs calibrated
+/// scores.
+pub fn hybrid(s: &Signals) -> Scored {
+    // An OR query ranks a message matching one common word of a long question; weighting
+    // the lexical list by the share of query words matched keeps such noise from
+    // outvoting the vector list (measured on ops/memory-eval).
+    let lex = rrf(s.lexical_rank) * (LEXICAL_MATCH_GAIN * s.lexical).min(1.0);
+    let vec = rrf(s.vector_rank);
+    // A time the question names is a hard clue: the window list counts double.
+    let time = TIME_WEIGHT * rrf(s.window_rank);
+    let exp = 0.5 * rrf(s.expansion_rank);
+    let score = lex + vec + time + exp;
+    let mut components = BTreeMap::from([("rrf_lexical".into(), lex), ("rrf_vector".into(), vec)]);
+    if s.in_window.is_some() {
+        components.insert("rrf_time".into(), time);
+    }
+    if s.expansion_rank.is_some() {
+        components.insert("rrf_expansion".into(), exp);
+    }
+    if let Some(sem) = s.semantic {
+        components.insert("semantic".into(), sem);
+    }
+    components.insert("lexical".into(), s.lexical);
+    Scored {
+        score,
+        components,
+        passes_gate: true,
+    }
+}
+
+/// Scores one candidate with the named ranker.
+pub fn score(kind: RankerKind, s: &Signals, now: DateTime<Utc>) -> Scored {
+    match kind {
+        RankerKind::Seed001 => seed001(s, now),
+        RankerKind::Seed002 => seed002(s, now),
+        RankerKind::Hybrid => hybrid(s),
+        RankerKind::Lexical => Scored {
+            score: rrf(s.lexical_rank),
+            components: BTreeMap::from([("rrf_lexical".into(), rrf(s.lexical_rank))]),
+            passes_gate: s.lexical_rank.is_some(),
+        },
+        RankerKind::Vector => {
+            let sem = s.semantic.unwrap_or(f64::NEG_INFINITY);
+            Scored {
+                score: if sem.is_finite() { sem } else { -1.0 },
+                components: BTreeMap::from([("semantic".into(), s.semantic.unwrap_or(0.0))]),
+                passes_gate: s.semantic.is_some(),
+            }
+        }
+    }
+}
+
+/// Seed 001's entity frequency: for each candidate, how often its most frequent entity
+/// occurs across the candidate set, divided by the set's largest such count.
+pub fn entity_frequency(entities: &[Vec<String>]) -> Vec<f64> {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for es in entities {
+        let mut seen: Vec<&str> = Vec::new();
+        for e in es {
+            if !seen.contains(&e.as_str()) {
+                seen.push(e);
+                *counts.entry(e).or_default() += 1;
+            }
+        }
+    }
+    let best = entities
+        .iter()
+        .map(|es| es.iter().map(|e| counts[e.as_str()]).max().unwrap_or(0))
+        .collect::<Vec<_>>();
+    let max = best.iter().copied().max().unwrap_or(0);
+    best.iter()
+        .map(|&b| if max == 0 { 0.0 } else { b as f64 / max as f64 })
+        .collect()
+}

@@ -1,0 +1,664 @@
+//! The fact store: typed memories with entity refs and keys, written so that a repeated
+//! fact updates its row, a contradicting fact becomes a new version with the old one kept
+//! as history, and concurrent writers of one key can neither lose a write nor race.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgPool, Row};
+
+use super::{embed, MemoryError, Result};
+
+/// Seed 001's memory types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Kind {
+    Profile,
+    People,
+    Project,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Profile => "PROFILE",
+            Kind::People => "PEOPLE",
+            Kind::Project => "PROJECT",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Kind> {
+        match s.trim().to_ascii_uppercase().as_str() {
+            "PROFILE" => Ok(Kind::Profile),
+            "PEOPLE" => Ok(Kind::People),
+            "PROJECT" => Ok(Kind::Project),
+            o => Err(MemoryError::Invalid(format!(
+                "kind {o:?} is not PROFILE, PEOPLE or PROJECT"
+            ))),
+        }
+    }
+}
+
+/// Seed 002's fact types, plus `lore`; `general` collapses to `other` as seed 002 does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FactType {
+    Preference,
+    Profile,
+    Relationship,
+    Project,
+    Other,
+    Lore,
+}
+
+impl FactType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FactType::Preference => "preference",
+            FactType::Profile => "profile",
+            FactType::Relationship => "relationship",
+            FactType::Project => "project",
+            FactType::Other => "other",
+            FactType::Lore => "lore",
+        }
+    }
+    pub fn parse(s: &str) -> FactType {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "preference" => FactType::Preference,
+            "profile" => FactType::Profile,
+            "relationship" => FactType::Relationship,
+            "project" => FactType::Project,
+            "lore" => FactType::Lore,
+            _ => FactType::Other,
+        }
+    }
+}
+
+/// Where a memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Extraction,
+    Explicit,
+    SeededProfile,
+    CuratedFold,
+    Import,
+    Lore,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Extraction => "extraction",
+            Source::Explicit => "explicit",
+            Source::SeededProfile => "seeded_profile",
+            Source::CuratedFold => "curated_fold",
+            Source::Import => "import",
+            Source::Lore => "lore",
+        }
+    }
+}
+
+/// Seed 001's slug rules: lowercase, punctuation removed, spaces and hyphens become `_`.
+pub fn slug(name: &str) -> String {
+    let mut out = String::new();
+    for c in name.trim().chars() {
+        if c == ' ' || c == '-' || c == '_' || c.is_whitespace() {
+            if !out.ends_with('_') && !out.is_empty() {
+                out.push('_');
+            }
+        } else if c.is_alphanumeric() {
+            out.extend(c.to_lowercase());
+        }
+    }
+    out.trim_end_matches('_').to_string()
+}
+
+/// `<type>:<slug>`, or an error naming what is wrong with the ref.
+pub fn entity_ref(raw: &str) -> Result<String> {
+    let (t, name) = raw
+        .split_once(':')
+        .ok_or_else(|| MemoryError::Invalid(format!("entity ref {raw:?} is not <type>:<name>")))?;
+    let t = slug(t);
+    let s = slug(name);
+    if t.is_empty() || s.is_empty() {
+        return Err(MemoryError::Invalid(format!(
+            "entity ref {raw:?} has an empty type or name"
+        )));
+    }
+    Ok(format!("{t}:{s}"))
+}
+
+/// Lowercased, whitespace-collapsed, trailing punctuation dropped: what "the same fact"
+/// means for dedup.
+pub fn normalise_text(s: &str) -> String {
+    let collapsed = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    collapsed
+        .trim_end_matches(['.', '!', '?', ';', ','])
+        .to_lowercase()
+}
+
+/// Seed 001's key `${type}|${entityType}|${primaryRef}|${factType}`. A fact with no entity
+/// would make every such fact one key and each new one would supersede the last, so
+/// ref-less facts are keyed by their normalised text (dedup without false supersession).
+pub fn memory_key(kind: Kind, refs: &[String], fact_type: FactType, text: &str) -> String {
+    match refs.first() {
+        Some(r) => {
+            let (t, s) = r.split_once(':').unwrap_or(("entity", r));
+            format!(
+                "{}|{}|{}|{}",
+                kind.as_str().to_lowercase(),
+                t,
+                s,
+                fact_type.as_str()
+            )
+        }
+        None => {
+            use sha2::{Digest, Sha256};
+            let h = Sha256::digest(normalise_text(text).as_bytes());
+            format!(
+                "{}|self|text_{}|{}",
+                kind.as_str().to_lowercase(),
+                &hex::encode(h)[..16],
+                fact_type.as_str()
+            )
+        }
+    }
+}
+
+/// A fact to write.
+#[derive(Debug, Clone)]
+pub struct NewMemory {
+    pub user_id: String,
+    pub character_id: Option<i64>,
+    pub guild_id: Option<String>,
+    pub channel_id: Option<String>,
+    /// `user`, or a lore subject.
+    pub subject: String,
+    pub kind: Kind,
+    pub fact_type: FactType,
+    pub text: String,
+    pub entity_refs: Vec<String>,
+    pub entity_label: Option<String>,
+    pub importance: i16,
+    pub pinned: bool,
+    /// Computed from kind, refs and fact type when `None`.
+    pub memory_key: Option<String>,
+    pub source: Source,
+    pub confidence: f32,
+    pub evidence_text: Option<String>,
+    pub source_message_ids: Vec<String>,
+    pub valid_from: DateTime<Utc>,
+    pub embedding: Option<Vec<f32>>,
+    pub embed_model: Option<String>,
+}
+
+impl NewMemory {
+    /// A fact with seed defaults (importance 1, confidence 0.7, valid from now).
+    pub fn new(user: &str, kind: Kind, fact_type: FactType, text: &str, source: Source) -> Self {
+        NewMemory {
+            user_id: user.to_string(),
+            character_id: None,
+            guild_id: None,
+            channel_id: None,
+            subject: if fact_type == FactType::Lore {
+                "__lore__".into()
+            } else {
+                "user".into()
+            },
+            kind,
+            fact_type,
+            text: text.to_string(),
+            entity_refs: Vec::new(),
+            entity_label: None,
+            importance: 1,
+            pinned: false,
+            memory_key: None,
+            source,
+            confidence: 0.7,
+            evidence_text: None,
+            source_message_ids: Vec::new(),
+            valid_from: Utc::now(),
+            embedding: None,
+            embed_model: None,
+        }
+    }
+
+    fn validate(&mut self) -> Result<()> {
+        if self.user_id.trim().is_empty() {
+            return Err(MemoryError::Invalid("user_id must not be empty".into()));
+        }
+        self.text = self.text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if self.text.chars().count() < 3 {
+            return Err(MemoryError::Invalid(
+                "memory text needs at least 3 characters".into(),
+            ));
+        }
+        if self.text.chars().count() > 2000 {
+            return Err(MemoryError::Invalid(
+                "memory text is longer than 2000 characters".into(),
+            ));
+        }
+        if !(0..=3).contains(&self.importance) {
+            return Err(MemoryError::Invalid("importance must be 0..=3".into()));
+        }
+        if !(0.0..=1.0).contains(&self.confidence) {
+            return Err(MemoryError::Invalid("confidence must be 0..=1".into()));
+        }
+        let refs: Result<Vec<String>> = self.entity_refs.iter().map(|r| entity_ref(r)).collect();
+        self.entity_refs = refs?;
+        if self.pinned {
+            self.importance = 3;
+        }
+        Ok(())
+    }
+
+    /// The key this fact is stored under.
+    pub fn key(&self) -> String {
+        self.memory_key
+            .clone()
+            .unwrap_or_else(|| memory_key(self.kind, &self.entity_refs, self.fact_type, &self.text))
+    }
+
+    /// Seed 002 embeds the fact with its type and evidence.
+    pub fn embed_text(&self) -> String {
+        embed_text(
+            self.fact_type.as_str(),
+            &self.text,
+            self.evidence_text.as_deref(),
+        )
+    }
+}
+
+pub fn embed_text(fact_type: &str, text: &str, evidence: Option<&str>) -> String {
+    match evidence {
+        Some(e) if !e.trim().is_empty() => format!("{fact_type}: {text} (evidence: {e})"),
+        _ => format!("{fact_type}: {text}"),
+    }
+}
+
+/// What an upsert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Upserted {
+    /// A new key.
+    Inserted { id: i64 },
+    /// The same fact again: provenance merged into the existing version.
+    Merged { id: i64 },
+    /// A new version of an existing key; the older versions are history.
+    Versioned { id: i64, current: i64 },
+}
+
+impl Upserted {
+    pub fn id(self) -> i64 {
+        match self {
+            Upserted::Inserted { id }
+            | Upserted::Merged { id }
+            | Upserted::Versioned { id, .. } => id,
+        }
+    }
+}
+
+/// Stores a fact under its key. In one transaction holding the key's advisory lock:
+/// the same text merges into its version; another text becomes a new version; versions
+/// are then re-chained by (valid_from, text), so the current row is the one with the
+/// latest validity whatever order concurrent writers arrived in (deterministic), and no
+/// write is lost (each is a version or merged into an identical one).
+pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
+    m.validate()?;
+    m.entity_refs = resolve_refs(pool, &m.user_id, &m.entity_refs).await?;
+    let key = m.key();
+    let lock_name = format!(
+        "kvmem:memory:{}|{}|{}|{}",
+        m.user_id,
+        m.guild_id.as_deref().unwrap_or(""),
+        m.character_id.unwrap_or(0),
+        key
+    );
+    // Transaction scope: one key's versions (lock, read, write, re-chain).
+    let mut tx = pool.begin().await?;
+    sqlx::query(include_str!("../../sql/memory/lock_key.sql"))
+        .bind(&lock_name)
+        .execute(&mut *tx)
+        .await?;
+    let versions = sqlx::query(include_str!("../../sql/memory/key_versions.sql"))
+        .bind(&m.user_id)
+        .bind(&m.guild_id)
+        .bind(m.character_id)
+        .bind(&key)
+        .fetch_all(&mut *tx)
+        .await?;
+    let versions: Vec<(i64, String, DateTime<Utc>)> = versions
+        .iter()
+        .map(|r| (r.get("id"), r.get("text"), r.get("valid_from")))
+        .collect();
+    let norm = normalise_text(&m.text);
+    // The neighbours the new version would sit between in validity order.
+    let pos = versions
+        .iter()
+        .position(|(_, t, f)| (*f, t.as_str()) > (m.valid_from, m.text.as_str()))
+        .unwrap_or(versions.len());
+    let same = |i: usize| {
+        versions
+            .get(i)
+            .filter(|(_, t, _)| normalise_text(t) == norm)
+            .map(|(id, _, _)| *id)
+    };
+    let merge_into = pos.checked_sub(1).and_then(same).or_else(|| same(pos));
+    let emb = m.embedding.as_deref().map(embed::to_bytes);
+    let outcome = if let Some(id) = merge_into {
+        sqlx::query(include_str!("../../sql/memory/merge.sql"))
+            .bind(id)
+            .bind(m.confidence)
+            .bind(m.importance)
+            .bind(m.pinned)
+            .bind(&m.source_message_ids)
+            .bind(&m.evidence_text)
+            .bind(m.valid_from)
+            .bind(&emb)
+            .bind(&m.embed_model)
+            .execute(&mut *tx)
+            .await?;
+        Upserted::Merged { id }
+    } else {
+        let subtype = serde_json::json!({
+            "entityType": m.entity_refs.first().and_then(|r| r.split_once(':')).map(|(t, _)| t),
+            "factType": m.fact_type.as_str(),
+        });
+        let id: i64 = sqlx::query_scalar(include_str!("../../sql/memory/insert.sql"))
+            .bind(&m.user_id)
+            .bind(m.character_id)
+            .bind(&m.guild_id)
+            .bind(&m.channel_id)
+            .bind(&m.subject)
+            .bind(m.kind.as_str())
+            .bind(m.fact_type.as_str())
+            .bind(&m.text)
+            .bind(&m.entity_refs)
+            .bind(&m.entity_label)
+            .bind(subtype)
+            .bind(m.importance)
+            .bind(m.pinned)
+            .bind(&key)
+            .bind(m.source.as_str())
+            .bind(m.confidence)
+            .bind(&m.evidence_text)
+            .bind(&m.source_message_ids)
+            .bind(m.valid_from)
+            .bind(&emb)
+            .bind(&m.embed_model)
+            .fetch_one(&mut *tx)
+            .await?;
+        if versions.is_empty() {
+            Upserted::Inserted { id }
+        } else {
+            Upserted::Versioned { id, current: id }
+        }
+    };
+    sqlx::query(include_str!("../../sql/memory/relink.sql"))
+        .bind(&m.user_id)
+        .bind(&m.guild_id)
+        .bind(m.character_id)
+        .bind(&key)
+        .execute(&mut *tx)
+        .await?;
+    let current: i64 = sqlx::query_scalar(include_str!("../../sql/memory/reopen.sql"))
+        .bind(&m.user_id)
+        .bind(&m.guild_id)
+        .bind(m.character_id)
+        .bind(&key)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(match outcome {
+        Upserted::Versioned { id, .. } => Upserted::Versioned { id, current },
+        o => o,
+    })
+}
+
+/// Seed 002's keep-80 per user and keep-120 per lore subject; soft; pinned never.
+pub async fn archive_keep(
+    pool: &PgPool,
+    user: &str,
+    keep_user: i64,
+    keep_lore: i64,
+) -> Result<u64> {
+    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/memory/archive_keep.sql"))
+        .bind(user)
+        .bind(keep_user)
+        .bind(keep_lore)
+        .fetch_all(pool)
+        .await?;
+    Ok(ids.len() as u64)
+}
+
+/// Soft-archives facts of one user by id; returns the ids actually archived.
+pub async fn archive_ids(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<i64>> {
+    Ok(
+        sqlx::query_scalar(include_str!("../../sql/memory/archive_ids.sql"))
+            .bind(user)
+            .bind(ids)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+/// A stored memory as retrieval and the views see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    pub id: i64,
+    pub user_id: String,
+    pub character_id: Option<i64>,
+    pub guild_id: Option<String>,
+    pub channel_id: Option<String>,
+    pub subject: String,
+    pub kind: String,
+    pub fact_type: String,
+    pub text: String,
+    pub entity_refs: Vec<String>,
+    pub entity_label: Option<String>,
+    pub importance: i16,
+    pub pinned: bool,
+    pub memory_key: String,
+    pub source: String,
+    pub status: String,
+    pub confidence: f32,
+    pub evidence_text: Option<String>,
+    pub source_message_ids: Vec<String>,
+    pub valid_from: DateTime<Utc>,
+    pub valid_to: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    #[serde(skip)]
+    pub embedding: Option<Vec<u8>>,
+}
+
+impl Memory {
+    fn from_row(r: &sqlx::postgres::PgRow) -> Memory {
+        Memory {
+            id: r.get("id"),
+            user_id: r.get("user_id"),
+            character_id: r.get("character_id"),
+            guild_id: r.get("guild_id"),
+            channel_id: r.get("channel_id"),
+            subject: r.get("subject"),
+            kind: r.get("kind"),
+            fact_type: r.get("fact_type"),
+            text: r.get("text"),
+            entity_refs: r.get("entity_refs"),
+            entity_label: r.get("entity_label"),
+            importance: r.get("importance"),
+            pinned: r.get("pinned"),
+            memory_key: r.get("memory_key"),
+            source: r.get("source"),
+            status: r.get("status"),
+            confidence: r.get("confidence"),
+            evidence_text: r.get("evidence_text"),
+            source_message_ids: r.get("source_message_ids"),
+            valid_from: r.get("valid_from"),
+            valid_to: r.get("valid_to"),
+            created_at: r.get("created_at"),
+            embedding: r.get("embedding"),
+        }
+    }
+}
+
+/// Who is asking: the user is a wall, the character filters reads, the guild is a wall.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub user_id: String,
+    pub character_id: Option<i64>,
+    pub guild_id: Option<String>,
+    /// A ranking hint only.
+    pub channel_id: Option<String>,
+}
+
+impl Scope {
+    pub fn user(user: &str) -> Scope {
+        Scope {
+            user_id: user.to_string(),
+            ..Scope::default()
+        }
+    }
+    pub fn validate(&self) -> Result<()> {
+        if self.user_id.trim().is_empty() {
+            return Err(MemoryError::Invalid("--user must not be empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// The facts visible in `scope` (current, or valid at `as_of`), pinned and important first.
+pub async fn facts(
+    pool: &PgPool,
+    scope: &Scope,
+    as_of: Option<DateTime<Utc>>,
+    limit: i64,
+) -> Result<Vec<Memory>> {
+    scope.validate()?;
+    let rows = sqlx::query(include_str!("../../sql/memory/current_facts.sql"))
+        .bind(&scope.user_id)
+        .bind(scope.character_id)
+        .bind(&scope.guild_id)
+        .bind(as_of)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.iter().map(Memory::from_row).collect())
+}
+
+/// Maps merged spellings to their canonical ref (entity resolution).
+pub async fn resolve_refs(pool: &PgPool, user: &str, refs: &[String]) -> Result<Vec<String>> {
+    if refs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let aliases = alias_map(pool, user).await?;
+    let mut out: Vec<String> = Vec::new();
+    for r in refs {
+        let c = aliases.get(r).cloned().unwrap_or_else(|| r.clone());
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+pub async fn alias_map(pool: &PgPool, user: &str) -> Result<HashMap<String, String>> {
+    let rows = sqlx::query(include_str!("../../sql/memory/aliases.sql"))
+        .bind(user)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get("alias_ref"), r.get("canonical_ref")))
+        .collect())
+}
+
+/// A proposed merge of two near-identical entity slugs of one user.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MergeProposal {
+    /// The spelling with more facts (ties: the first alphabetically).
+    pub canonical: String,
+    pub alias: String,
+    pub similarity: f32,
+}
+
+/// pg_trgm proposes merges of near-identical slugs within one user's scope
+/// ("makesh" / "mukesh" score 0.4 on the slug part).
+pub async fn propose_merges(
+    pool: &PgPool,
+    user: &str,
+    threshold: f32,
+) -> Result<Vec<MergeProposal>> {
+    let rows = sqlx::query(include_str!("../../sql/memory/propose_merges.sql"))
+        .bind(user)
+        .bind(threshold)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let (a, an, b, bn): (String, i64, String, i64) =
+                (r.get("a_ref"), r.get("a_n"), r.get("b_ref"), r.get("b_n"));
+            let (canonical, alias) = if bn > an { (b, a) } else { (a, b) };
+            MergeProposal {
+                canonical,
+                alias,
+                similarity: r.get("sim"),
+            }
+        })
+        .collect())
+}
+
+/// Records a merge: from now on `alias` resolves to `canonical` for this user.
+pub async fn merge_entities(
+    pool: &PgPool,
+    user: &str,
+    alias: &str,
+    canonical: &str,
+    similarity: Option<f32>,
+) -> Result<()> {
+    let (alias, canonical) = (entity_ref(alias)?, entity_ref(canonical)?);
+    if alias == canonical {
+        return Err(MemoryError::Invalid(
+            "cannot merge an entity into itself".into(),
+        ));
+    }
+    sqlx::query(include_str!("../../sql/memory/merge_alias.sql"))
+        .bind(user)
+        .bind(&alias)
+        .bind(&canonical)
+        .bind(similarity)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_follow_seed_001() {
+        assert_eq!(slug("John Doe"), "john_doe");
+        assert_eq!(slug("Austin, Texas"), "austin_texas");
+        assert_eq!(slug("Dashboard-Redesign!"), "dashboard_redesign");
+        assert_eq!(slug("  Acme  Corp. "), "acme_corp");
+        assert_eq!(entity_ref("Person:John Doe").unwrap(), "person:john_doe");
+        assert!(entity_ref("john").is_err());
+        assert!(entity_ref("person:!!").is_err());
+    }
+
+    #[test]
+    fn keys_follow_seed_001() {
+        let refs = vec!["person:john_doe".to_string()];
+        assert_eq!(
+            memory_key(Kind::People, &refs, FactType::Relationship, "x"),
+            "people|person|john_doe|relationship"
+        );
+        let a = memory_key(Kind::Profile, &[], FactType::Preference, "Likes tea.");
+        let b = memory_key(Kind::Profile, &[], FactType::Preference, "likes  TEA");
+        let c = memory_key(Kind::Profile, &[], FactType::Preference, "likes coffee");
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
+}
