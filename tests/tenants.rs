@@ -353,6 +353,14 @@ async fn http_api_needs_the_token_and_bounds_requests(pool: PgPool) {
     assert_eq!(r.status(), 413);
 
     // One request in flight at most: a second one while the first waits gets 503.
+    let queued_turns = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM turns WHERE session_id = 'sess_bob'")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    // The requests above queued turns too: the slow one is in flight once there is one more.
+    let before = queued_turns().await;
     let slow = {
         let (client, url, body) = (client.clone(), url.clone(), body.clone());
         tokio::spawn(async move {
@@ -367,15 +375,9 @@ async fn http_api_needs_the_token_and_bounds_requests(pool: PgPool) {
                 .status()
         })
     };
-    // The first request is in flight once its turn is queued.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let queued: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM turns WHERE session_id = 'sess_bob'")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if queued > 0 {
+        if queued_turns().await > before {
             break;
         }
         assert!(std::time::Instant::now() < deadline);

@@ -49,25 +49,8 @@ pub enum ExtractError {
     Decode(String),
 }
 
-/// Seed 001's memory kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemoryKind {
-    Profile,
-    People,
-    Project,
-}
-
-impl MemoryKind {
-    /// The stored form (`PROFILE`, `PEOPLE`, `PROJECT`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MemoryKind::Profile => "PROFILE",
-            MemoryKind::People => "PEOPLE",
-            MemoryKind::Project => "PROJECT",
-        }
-    }
-}
+/// Seed 001's memory kinds: the store's own type.
+pub use super::store::Kind as MemoryKind;
 
 /// A fact that passed the filters, with seed 001's entity fields.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -303,7 +303,7 @@ async fn remember(
         .unwrap_or(Kind::Profile);
     let fact_type = payload["fact_type"]
         .as_str()
-        .map(FactType::parse)
+        .map(FactType::normalise)
         .unwrap_or(FactType::Other);
     let mut m = NewMemory::new(&scope.user_id, kind, fact_type, text, Source::Explicit);
     m.character_id = scope.character_id;

@@ -6,7 +6,6 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
 
 use super::extract::{self, FactCandidate};
-use super::store::{FactType, Kind};
 use super::{ExtractedFact, Extractor};
 use crate::engine::{Engine, EngineParams};
 
@@ -70,12 +69,12 @@ impl Extractor for LlmExtractor {
     }
 }
 
-/// A filtered candidate in the store's terms (same names, the store's own enums).
+/// A filtered candidate as the store takes it.
 fn stored_form(c: FactCandidate) -> ExtractedFact {
     ExtractedFact {
         text: c.text,
-        fact_type: FactType::parse(c.fact_type.as_str()),
-        kind: Kind::parse(c.kind.as_str()).unwrap_or(Kind::Profile),
+        fact_type: c.fact_type,
+        kind: c.kind,
         entity_refs: c.entity_refs,
         entity_label: c.entity_label,
         importance: Some(c.importance),

@@ -39,40 +39,8 @@ impl Kind {
     }
 }
 
-/// Seed 002's fact types, plus `lore`; `general` collapses to `other` as seed 002 does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FactType {
-    Preference,
-    Profile,
-    Relationship,
-    Project,
-    Other,
-    Lore,
-}
-
-impl FactType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FactType::Preference => "preference",
-            FactType::Profile => "profile",
-            FactType::Relationship => "relationship",
-            FactType::Project => "project",
-            FactType::Other => "other",
-            FactType::Lore => "lore",
-        }
-    }
-    pub fn parse(s: &str) -> FactType {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "preference" => FactType::Preference,
-            "profile" => FactType::Profile,
-            "relationship" => FactType::Relationship,
-            "project" => FactType::Project,
-            "lore" => FactType::Lore,
-            _ => FactType::Other,
-        }
-    }
-}
+/// Seed 002's fact types, plus `lore`: one type for the filters and the store.
+pub use super::filters::FactType;
 
 /// Where a memory came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
