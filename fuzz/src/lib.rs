@@ -175,7 +175,7 @@ pub fn check_round_trip(snap: &Snapshot, limits: Limits) {
 // ---------------------------------------------------------------------------------------
 
 /// The header keys `render_header` writes, in its order (without `header_crc32c`).
-pub const KEYS: [&str; 16] = [
+pub const KEYS: [&str; 17] = [
     "format_version",
     "model_sha",
     "digest_version",
