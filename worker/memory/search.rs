@@ -740,15 +740,13 @@ async fn backfill(
         cos.insert(*id, embed::dot(q, v) as f64);
     }
     let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();
-    let res = sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
-        .bind(&ids)
-        .bind(&bytes)
-        .bind(svc.model_name())
-        .execute(&svc.pool)
-        .await;
-    if let Err(e) = res {
-        super::event(&svc.pool, "memory_backfill_error", &e.to_string(), None).await;
-    }
+    store_backfill(
+        svc,
+        include_str!("../../sql/memory/set_message_vectors.sql"),
+        &ids,
+        &bytes,
+    )
+    .await;
     for r in rows.iter_mut() {
         if ids.contains(&r.id) {
             r.unembedded = false;
@@ -875,9 +873,21 @@ async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memory]) {
     for (&i, b) in todo.iter().zip(&bytes) {
         facts[i].embedding = Some(b.clone());
     }
-    let res = sqlx::query(include_str!("../../sql/memory/set_memory_vectors.sql"))
-        .bind(&ids)
-        .bind(&bytes)
+    store_backfill(
+        svc,
+        include_str!("../../sql/memory/set_memory_vectors.sql"),
+        &ids,
+        &bytes,
+    )
+    .await;
+}
+
+/// Writes vectors backfilled during a search. A failed write only costs the next search
+/// the same backfill, so it is an event, not an error.
+async fn store_backfill(svc: &MemoryService, sql: &'static str, ids: &[i64], bytes: &[Vec<u8>]) {
+    let res = sqlx::query(sql)
+        .bind(ids)
+        .bind(bytes)
         .bind(svc.model_name())
         .execute(&svc.pool)
         .await;
