@@ -104,6 +104,27 @@ pub struct Settings {
     /// Seed 002's keep-120 per lore subject.
     #[serde(default = "default_keep_lore")]
     pub memory_keep_lore: u32,
+
+    /// Llama workers run summary jobs (issue 14) while none of their turns is generating.
+    #[serde(default = "default_true")]
+    pub summary_lane: bool,
+    /// The summary model; unset = the chat model.
+    #[serde(default)]
+    pub summary_model_path: Option<PathBuf>,
+    /// Attempts at a valid session summary before it is stored as an error.
+    #[serde(default = "default_summary_attempts")]
+    pub summary_max_attempts: u32,
+    /// Entries per in-process summary cache (seed 004's LRU bound).
+    #[serde(default = "default_summary_cache")]
+    pub summary_cache_capacity: u64,
+}
+
+fn default_summary_attempts() -> u32 {
+    3
+}
+
+fn default_summary_cache() -> u64 {
+    10_000
 }
 
 fn default_embed_model() -> Option<PathBuf> {

@@ -24,6 +24,10 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         "sql/views/memory.sql",
         include_str!("../sql/views/memory.sql"),
     ),
+    (
+        "sql/views/summary.sql",
+        include_str!("../sql/views/summary.sql"),
+    ),
 ];
 
 /// Errors while connecting or migrating.

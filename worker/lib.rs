@@ -28,6 +28,7 @@ pub mod queue;
 pub mod replay;
 pub mod snapshot;
 pub mod status;
+pub mod summary;
 pub mod telemetry;
 pub mod tokens;
 pub mod worker;

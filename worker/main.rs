@@ -106,6 +106,8 @@ enum Command {
     },
     /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
     Memory(kvmem::memory::cli::MemoryArgs),
+    /// Summaries: show, rebuild, work, context, export/import of a seed 003 context.
+    Summary(kvmem::summary::cli::SummaryArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -128,6 +130,7 @@ async fn main() -> Result<()> {
     match cli.command {
         Command::Demo => kvmem::demo::run(settings.clone()).await?,
         Command::Memory(args) => kvmem::memory::cli::run(args, settings.clone()).await?,
+        Command::Summary(args) => kvmem::summary::cli::run(args, settings.clone()).await?,
         Command::Migrate => {
             let pool = db::connect(&url()?, 2).await?;
             db::migrate(&pool).await?;

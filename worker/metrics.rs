@@ -115,6 +115,7 @@ impl Metrics {
             "Turns by state and lane, read from Postgres at scrape",
             m.queue_depth.clone(),
         );
+        crate::summary::cache::register(&mut registry);
         Metrics { registry, ..m }
     }
 

@@ -83,5 +83,6 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
         warm.try_get::<i64, _>("warm")?,
         warm.try_get::<i64, _>("cold")?
     );
+    out.push_str(&crate::summary::cli::status_report(pool).await?);
     Ok(out)
 }

@@ -461,11 +461,15 @@ async fn memory_lane(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationTo
     };
     let all = deps.settings.concurrency as usize;
     let rest = Duration::from_millis(deps.settings.poll_ms.max(100));
+    let summary = crate::summary::worker_service(&deps).await;
     while !shutdown.is_cancelled() {
         let idle = slots.available_permits() == all;
         let worked = if idle {
             match crate::memory::jobs::process_next_memory_job(&svc).await {
-                Ok(crate::memory::jobs::Outcome::Empty) => false,
+                // Summaries (issue 14) run when the memory lane has nothing either.
+                Ok(crate::memory::jobs::Outcome::Empty) => {
+                    crate::summary::jobs::run_idle(summary.as_ref()).await
+                }
                 Ok(_) => true,
                 Err(e) => {
                     warn!(error = %e, "memory job failed");

@@ -1,0 +1,2 @@
+-- ContextManager::initialize: the store exists (autocommit read).
+SELECT 1 FROM contexts LIMIT 1

@@ -1,0 +1,226 @@
+//! `kvmem summary`: show what the summary layer holds for a user, queue a rebuild, run the
+//! lane by hand, print the merged user context, and export or import a seed 003 context.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use serde_json::Value;
+use sqlx::{PgPool, Row};
+
+use super::context_manager::{ContextManager, MemoryError};
+use super::{daily, jobs, SummaryError, SummaryService};
+use crate::config::{ConfigError, Settings};
+use crate::db::DbError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Summary(#[from] SummaryError),
+    #[error(transparent)]
+    Context(#[from] MemoryError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    NotFound(String),
+}
+
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+#[derive(Args)]
+pub struct SummaryArgs {
+    #[command(subcommand)]
+    pub command: SummaryCommand,
+}
+
+#[derive(Subcommand)]
+pub enum SummaryCommand {
+    /// Session state, rolling summary, latest session summaries and the spine.
+    Show {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        character: Option<i64>,
+    },
+    /// Queue new rolling, session and spine summaries for the user; `--run` also runs them.
+    Rebuild {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        character: Option<i64>,
+        #[arg(long)]
+        run: bool,
+    },
+    /// Run due summary jobs until none is left.
+    Work,
+    /// Seed 004's merged user context (facts + today + days 2–7).
+    Context {
+        #[arg(long)]
+        user: String,
+        /// The guild; '' = direct chats.
+        #[arg(long, default_value = "")]
+        scope: String,
+    },
+    /// Write a seed 003 context document to a file.
+    Export {
+        #[arg(long)]
+        session: String,
+        #[arg(long)]
+        file: PathBuf,
+    },
+    /// Store a seed 003 context document from a file.
+    Import {
+        #[arg(long)]
+        file: PathBuf,
+    },
+}
+
+pub async fn run(args: SummaryArgs, settings: Settings) -> Result<()> {
+    let pool = crate::db::connect(settings.database_url()?, 4).await?;
+    crate::db::migrate(&pool).await?;
+    match args.command {
+        SummaryCommand::Show { user, character } => {
+            print!("{}", show(&pool, &user, character).await?)
+        }
+        SummaryCommand::Rebuild {
+            user,
+            character,
+            run,
+        } => {
+            let n: i64 = sqlx::query_scalar(include_str!("../../sql/summary/rebuild_queue.sql"))
+                .bind(&user)
+                .bind(character)
+                .fetch_one(&pool)
+                .await?;
+            println!("queued {n} summary jobs");
+            if run {
+                work(&pool, &settings).await?;
+            }
+        }
+        SummaryCommand::Work => work(&pool, &settings).await?,
+        SummaryCommand::Context { user, scope } => {
+            let svc = SummaryService::load(pool.clone(), &settings).await;
+            let c = daily::user_context(&svc, &scope, &user, Utc::now()).await?;
+            println!("{}", serde_json::to_string_pretty(&c)?);
+        }
+        SummaryCommand::Export { session, file } => {
+            let found = ContextManager::new(pool).export(&session, &file).await?;
+            if !found {
+                return Err(CliError::NotFound(format!(
+                    "no context for session {session}"
+                )));
+            }
+            println!("wrote {}", file.display());
+        }
+        SummaryCommand::Import { file } => {
+            let id = ContextManager::new(pool).import(&file).await?;
+            println!("imported context {id}");
+        }
+    }
+    Ok(())
+}
+
+async fn work(pool: &PgPool, settings: &Settings) -> Result<()> {
+    let svc = SummaryService::load(pool.clone(), settings).await;
+    for o in jobs::drain_at(&svc, Utc::now()).await? {
+        println!("{}", serde_json::to_string(&o)?);
+    }
+    Ok(())
+}
+
+/// The text `kvmem summary show` prints.
+pub async fn show(
+    pool: &PgPool,
+    user: &str,
+    character: Option<i64>,
+) -> Result<String, sqlx::Error> {
+    let mut out = String::new();
+    let rows = sqlx::query(include_str!("../../sql/summary/show.sql"))
+        .bind(user)
+        .bind(character)
+        .fetch_all(pool)
+        .await?;
+    if rows.is_empty() {
+        let _ = writeln!(out, "no session state for user {user}");
+    }
+    for r in &rows {
+        let _ = writeln!(out, "character {}:", r.get::<i64, _>("character_id"));
+        let _ = writeln!(out, "  state: {}", r.get::<Value, _>("state"));
+        let _ = writeln!(
+            out,
+            "  rolling summary ({} versions): {}",
+            r.get::<i64, _>("rolling_versions"),
+            r.get::<String, _>("rolling_summary")
+        );
+        if let Some(s) = r.get::<Option<Value>, _>("open_session") {
+            let _ = writeln!(out, "  open session: {s}");
+        }
+        for s in r
+            .get::<Option<Value>, _>("sessions")
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+        {
+            let _ = writeln!(out, "  session summary: {s}");
+        }
+    }
+    match sqlx::query(include_str!("../../sql/summary/spine_current.sql"))
+        .bind(user)
+        .fetch_optional(pool)
+        .await?
+    {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "spine v{}:\n{}",
+                s.get::<i32, _>("version"),
+                s.get::<String, _>("content")
+            );
+        }
+        None => {
+            let _ = writeln!(out, "spine: none yet");
+        }
+    }
+    Ok(out)
+}
+
+/// The summary lane's lines for `kvmem status`.
+pub async fn status_report(pool: &PgPool) -> Result<String, sqlx::Error> {
+    let mut out = String::from("summary lane:\n");
+    let rows = sqlx::query(include_str!("../../sql/summary/status.sql"))
+        .fetch_all(pool)
+        .await?;
+    if rows.is_empty() {
+        out.push_str("  (no summary jobs)\n");
+    }
+    for r in &rows {
+        let _ = writeln!(
+            out,
+            "  {:<8} {:<8} {}",
+            r.get::<String, _>("kind"),
+            r.get::<String, _>("state"),
+            r.get::<i64, _>("jobs")
+        );
+    }
+    let failures = sqlx::query(include_str!("../../sql/summary/recent_failures.sql"))
+        .bind(5_i64)
+        .fetch_all(pool)
+        .await?;
+    for r in &failures {
+        let _ = writeln!(
+            out,
+            "  {} {}: {}",
+            r.get::<chrono::DateTime<Utc>, _>("created_at")
+                .format("%Y-%m-%d %H:%M:%S"),
+            r.get::<String, _>("kind"),
+            r.get::<Value, _>("detail")
+        );
+    }
+    Ok(out)
+}

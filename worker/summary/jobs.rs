@@ -1,0 +1,522 @@
+//! The summary lane: session closes, rolling summaries, session summaries and spine
+//! versions run as jobs in Postgres, ordered per user, due at a time, and taken only while
+//! no turn generates, so summarising never delays a chat turn. Every job ends in an
+//! `events` row saying what it made or why it failed.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+use sqlx::Row;
+
+use super::llm::Prompt;
+use super::schema::{self, SessionSummary};
+use super::{clip, event, spine, Result, SummaryError, SummaryService};
+
+/// A running summary job older than this is taken to be orphaned and is run again.
+pub const STALE_JOB_SECS: f64 = 600.0;
+/// Seed 001: the rolling summary is at most 600 characters.
+pub const ROLLING_MAX_CHARS: usize = 600;
+/// Dialogue lines a rolling summary reads beyond the previous one.
+pub const ROLLING_LINES: i64 = 40;
+/// Dialogue lines a session summary reads at most (the oldest go first if they do not fit).
+pub const SESSION_LINES: i64 = 400;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Nothing due.
+    Empty,
+    /// Another worker claimed the same user's job at the same moment; try again.
+    Busy,
+    Done {
+        job_id: i64,
+        kind: String,
+        result: Value,
+    },
+    Failed {
+        job_id: i64,
+        kind: String,
+        error: String,
+    },
+}
+
+/// A claimed job.
+#[derive(Debug, Clone)]
+struct Job {
+    id: i64,
+    kind: String,
+    user_id: String,
+    character_id: Option<i64>,
+    session_id: Option<i64>,
+    payload: Value,
+}
+
+/// Claims and runs the next summary job due now.
+pub async fn process_next_summary_job(svc: &SummaryService) -> Result<Outcome> {
+    process_next_summary_job_at(svc, Utc::now()).await
+}
+
+/// Claims and runs the next summary job due at `now`: the clock is a parameter, so tests
+/// move it instead of sleeping. Model failures fail the job (recorded, with an event);
+/// only database errors fail the call.
+pub async fn process_next_summary_job_at(
+    svc: &SummaryService,
+    now: DateTime<Utc>,
+) -> Result<Outcome> {
+    // A job left running by a dead worker would block its user's lane for good.
+    sqlx::query(include_str!("../../sql/summary/job_reap.sql"))
+        .bind(STALE_JOB_SECS)
+        .execute(&svc.pool)
+        .await?;
+    let claimed = sqlx::query(include_str!("../../sql/summary/job_claim.sql"))
+        .bind(now)
+        .fetch_optional(&svc.pool)
+        .await;
+    let row = match claimed {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(Outcome::Empty),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Outcome::Busy),
+        Err(e) => return Err(e.into()),
+    };
+    let job = Job {
+        id: row.get("id"),
+        kind: row.get("kind"),
+        user_id: row.get("user_id"),
+        character_id: row.get("character_id"),
+        session_id: row.get("session_id"),
+        payload: row.get("payload"),
+    };
+    let res = match job.kind.as_str() {
+        "close" => close(svc, &job, now).await,
+        "rolling" => rolling(svc, &job, now).await,
+        "session" => session_summary(svc, &job).await,
+        "spine" => spine_version(svc, &job).await,
+        other => Err(SummaryError::Invalid(format!("unknown job kind {other}"))),
+    };
+    finish(svc, job, res).await
+}
+
+async fn finish(svc: &SummaryService, job: Job, res: Result<Option<Value>>) -> Result<Outcome> {
+    let (state, result, error) = match res {
+        // `None`: the job put itself back on the queue (a close that ran early).
+        Ok(None) => {
+            return Ok(Outcome::Done {
+                job_id: job.id,
+                kind: job.kind,
+                result: json!({"deferred": true}),
+            })
+        }
+        Ok(Some(v)) => ("done", Some(v), None),
+        Err(SummaryError::Db(e)) => return Err(SummaryError::Db(e)),
+        Err(e) => ("failed", None, Some(e.to_string())),
+    };
+    sqlx::query(include_str!("../../sql/summary/job_finish.sql"))
+        .bind(job.id)
+        .bind(state)
+        .bind(&result)
+        .bind(&error)
+        .execute(&svc.pool)
+        .await?;
+    let detail = json!({
+        "job_id": job.id, "kind": job.kind, "user_id": job.user_id,
+        "character_id": job.character_id, "summary_session": job.session_id,
+        "result": result, "error": error,
+    });
+    match error {
+        None => {
+            event(&svc.pool, "summary_job_done", detail).await;
+            Ok(Outcome::Done {
+                job_id: job.id,
+                kind: job.kind,
+                result: result.unwrap_or(Value::Null),
+            })
+        }
+        Some(error) => {
+            event(&svc.pool, "summary_job_failed", detail).await;
+            Ok(Outcome::Failed {
+                job_id: job.id,
+                kind: job.kind,
+                error,
+            })
+        }
+    }
+}
+
+/// Closes the session when it has been idle 30 minutes at `now`; else waits for that.
+async fn close(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
+    let sid = job
+        .session_id
+        .ok_or_else(|| SummaryError::Invalid("close without session".into()))?;
+    let row = sqlx::query(include_str!("../../sql/summary/close_if_idle.sql"))
+        .bind(sid)
+        .bind(now)
+        .fetch_one(&svc.pool)
+        .await?;
+    if row.get::<bool, _>("closed") || row.get::<bool, _>("already_closed") {
+        return Ok(Some(json!({"closed": row.get::<bool, _>("closed")})));
+    }
+    let due: DateTime<Utc> = row.get("due_at");
+    sqlx::query(include_str!("../../sql/summary/job_defer.sql"))
+        .bind(job.id)
+        .bind(due)
+        .execute(&svc.pool)
+        .await?;
+    Ok(None)
+}
+
+/// A dialogue line as the summary prompts show it.
+fn line(role: &str, content: &str) -> String {
+    let who = if role == "user" { "User" } else { "Character" };
+    format!(
+        "{who}: {}",
+        content.split_whitespace().collect::<Vec<_>>().join(" ")
+    )
+}
+
+async fn span(
+    svc: &SummaryService,
+    user: &str,
+    character: i64,
+    after: i64,
+    upto: i64,
+    limit: i64,
+) -> Result<(Vec<String>, i64)> {
+    let rows = sqlx::query(include_str!("../../sql/summary/span_messages.sql"))
+        .bind(user)
+        .bind(character)
+        .bind(after)
+        .bind(upto)
+        .bind(limit)
+        .fetch_all(&svc.pool)
+        .await?;
+    let last = rows.last().map_or(after, |r| r.get::<i64, _>("id"));
+    let lines = rows
+        .iter()
+        .map(|r| line(r.get("role"), r.get("content")))
+        .collect();
+    Ok((lines, last))
+}
+
+const ROLLING_SYSTEM: &str = "You keep a running summary of a conversation between a user and \
+a character. Update the previous summary with the new messages. Keep what still matters from \
+the previous summary, add what is new, drop small talk. Write at most 4 short plain sentences \
+in the third person. Answer with the summary only.";
+
+/// Seed 001's rolling summary: previous summary + the messages since it → a new version of
+/// at most 600 characters. Every version is kept; diagnostics go on `session_state`.
+async fn rolling(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
+    let character = job
+        .character_id
+        .ok_or_else(|| SummaryError::Invalid("rolling without character".into()))?;
+    let st = sqlx::query(include_str!("../../sql/summary/state_get.sql"))
+        .bind(&job.user_id)
+        .bind(character)
+        .fetch_one(&svc.pool)
+        .await?;
+    let previous: String = st.get("rolling_summary");
+    let message_count: i32 = st.get("message_count");
+    let rebuild = job.payload.get("rebuild").is_some();
+    let after: i64 = if rebuild {
+        0
+    } else {
+        st.get("rolling_last_message_id")
+    };
+    sqlx::query(include_str!("../../sql/summary/rolling_attempt.sql"))
+        .bind(&job.user_id)
+        .bind(character)
+        .bind(now)
+        .execute(&svc.pool)
+        .await?;
+    let (lines, last) = span(svc, &job.user_id, character, after, i64::MAX, ROLLING_LINES).await?;
+    let made = make_rolling(svc, &previous, lines).await;
+    let (content, elapsed_ms, dropped) = match made {
+        Ok(v) => v,
+        Err((reason, detail)) => {
+            let err = json!({"reason": reason, "detail": detail});
+            sqlx::query(include_str!("../../sql/summary/rolling_failed.sql"))
+                .bind(&job.user_id)
+                .bind(character)
+                .bind(&err)
+                .execute(&svc.pool)
+                .await?;
+            return Err(SummaryError::Model(format!("{reason}: {detail}")));
+        }
+    };
+    // One transaction: the history row and the current summary change together.
+    let mut tx = svc.pool.begin().await?;
+    let id: i64 = sqlx::query_scalar(include_str!("../../sql/summary/rolling_insert.sql"))
+        .bind(&job.user_id)
+        .bind(character)
+        .bind(job.session_id)
+        .bind(message_count)
+        .bind(last)
+        .bind(&content)
+        .bind(elapsed_ms as i32)
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query(include_str!("../../sql/summary/rolling_state.sql"))
+        .bind(&job.user_id)
+        .bind(character)
+        .bind(&content)
+        .bind(last)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Some(json!({
+        "rolling_id": id, "chars": content.chars().count(), "message_count": message_count,
+        "elapsed_ms": elapsed_ms, "lines_dropped": dropped,
+    })))
+}
+
+/// The model call of a rolling summary; errors are (reason, detail) for the diagnostics.
+pub async fn make_rolling(
+    svc: &SummaryService,
+    previous: &str,
+    lines: Vec<String>,
+) -> std::result::Result<(String, u64, usize), (&'static str, String)> {
+    if lines.is_empty() {
+        return Err((
+            "no_messages",
+            "nothing new since the last rolling summary".into(),
+        ));
+    }
+    let model = svc
+        .model()
+        .map_err(|e| ("model_unavailable", e.to_string()))?;
+    let prompt = Prompt {
+        system: ROLLING_SYSTEM.into(),
+        header: format!(
+            "Previous summary: {}\nNew messages:",
+            if previous.is_empty() {
+                "(none)"
+            } else {
+                previous
+            }
+        ),
+        lines,
+        footer: "Updated summary:".into(),
+        grammar: None,
+        max_tokens: svc.config.rolling_max_tokens,
+    };
+    let g = model
+        .generate(prompt)
+        .await
+        .map_err(|e| ("model_error", e))?;
+    let content = clip(&g.text, ROLLING_MAX_CHARS);
+    if content.is_empty() {
+        return Err(("empty", "the model answered nothing".into()));
+    }
+    Ok((content, g.elapsed_ms, g.lines_dropped))
+}
+
+const SESSION_SYSTEM: &str = "You summarise one finished conversation between a user and a \
+character as JSON. one_liner: one sentence about the session. what_mattered: the topics that \
+mattered. open_loops: questions or plans left unresolved. commitments: what someone promised \
+to do. people: names of people mentioned. tone: the emotional tone in a few words. Use only \
+what the conversation says.";
+
+/// Seed 001's session summary: grammar-constrained JSON, validated, retried with the
+/// reason, then stored as an error with the raw answers when it never validates.
+async fn session_summary(svc: &SummaryService, job: &Job) -> Result<Option<Value>> {
+    let sid = job
+        .session_id
+        .ok_or_else(|| SummaryError::Invalid("session job without session".into()))?;
+    let s = sqlx::query(include_str!("../../sql/summary/session_get.sql"))
+        .bind(sid)
+        .fetch_one(&svc.pool)
+        .await?;
+    let (user, character): (String, i64) = (s.get("user_id"), s.get("character_id"));
+    let first: i64 = s.get("first_message_id");
+    let (lines, _) = span(
+        svc,
+        &user,
+        character,
+        first - 1,
+        s.get("last_message_id"),
+        SESSION_LINES,
+    )
+    .await?;
+    let made = summarise_session(svc, lines).await;
+    let store = |status: &str, summary: Option<Value>, error: Option<String>, attempts, raw, ms| {
+        sqlx::query_scalar::<_, i64>(include_str!("../../sql/summary/session_summary_insert.sql"))
+            .bind(sid)
+            .bind(user.clone())
+            .bind(character)
+            .bind(status.to_string())
+            .bind(summary)
+            .bind(error)
+            .bind(attempts as i32)
+            .bind(Value::from(raw))
+            .bind(ms as i32)
+    };
+    match made {
+        SessionOutcome::Valid {
+            summary,
+            attempts,
+            raw,
+            elapsed_ms,
+        } => {
+            let v = serde_json::to_value(&summary)?;
+            let id = store("ok", Some(v), None, attempts, raw, elapsed_ms)
+                .fetch_one(&svc.pool)
+                .await?;
+            Ok(Some(
+                json!({"session_summary_id": id, "attempts": attempts, "elapsed_ms": elapsed_ms}),
+            ))
+        }
+        SessionOutcome::Invalid {
+            error,
+            attempts,
+            raw,
+            elapsed_ms,
+        } => {
+            let id = store(
+                "error",
+                None,
+                Some(error.clone()),
+                attempts,
+                raw,
+                elapsed_ms,
+            )
+            .fetch_one(&svc.pool)
+            .await?;
+            Err(SummaryError::Invalid(format!(
+                "session summary {id} stored as an error after {attempts} attempts: {error}"
+            )))
+        }
+    }
+}
+
+/// How a session summary came out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionOutcome {
+    Valid {
+        summary: SessionSummary,
+        attempts: u32,
+        raw: Vec<String>,
+        elapsed_ms: u64,
+    },
+    Invalid {
+        error: String,
+        attempts: u32,
+        raw: Vec<String>,
+        elapsed_ms: u64,
+    },
+}
+
+/// Asks for the JSON up to `max_attempts` times; each retry names the previous answer's
+/// fault. A model error counts as an attempt.
+pub async fn summarise_session(svc: &SummaryService, lines: Vec<String>) -> SessionOutcome {
+    let (mut raw, mut elapsed_ms, mut error) = (Vec::new(), 0, String::new());
+    let attempts = svc.config.max_attempts;
+    for attempt in 1..=attempts {
+        let footer = match attempt {
+            1 => "JSON summary:".to_string(),
+            _ => format!("Your previous answer was refused ({error}). Write the JSON summary again, complete and shorter:"),
+        };
+        let prompt = Prompt {
+            system: SESSION_SYSTEM.into(),
+            header: "Conversation:".into(),
+            lines: lines.clone(),
+            footer,
+            grammar: Some(schema::SESSION_GRAMMAR.into()),
+            max_tokens: svc.config.session_max_tokens,
+        };
+        let g = match svc.model() {
+            Ok(m) => m.generate(prompt).await,
+            Err(e) => Err(e.to_string()),
+        };
+        match g {
+            Err(e) => error = format!("model error: {e}"),
+            Ok(g) => {
+                elapsed_ms += g.elapsed_ms;
+                raw.push(g.text.clone());
+                match schema::validate(&g.text, g.truncated) {
+                    Ok(summary) => {
+                        return SessionOutcome::Valid {
+                            summary,
+                            attempts: attempt,
+                            raw,
+                            elapsed_ms,
+                        }
+                    }
+                    Err(e) => error = e.to_string(),
+                }
+            }
+        }
+    }
+    SessionOutcome::Invalid {
+        error,
+        attempts,
+        raw,
+        elapsed_ms,
+    }
+}
+
+/// Seed 001's spine: a new version per 20 user messages, from the previous version, the
+/// session summaries since it and the current rolling summaries.
+async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>> {
+    let every: i32 = sqlx::query_scalar(include_str!("../../sql/summary/config_int.sql"))
+        .bind("summary_spine_every")
+        .bind(20)
+        .fetch_one(&svc.pool)
+        .await?;
+    let r = sqlx::query(include_str!("../../sql/summary/spine_inputs.sql"))
+        .bind(&job.user_id)
+        .fetch_one(&svc.pool)
+        .await?;
+    let total: i32 = r.get("total");
+    let at: i32 = r.get::<Option<i32>, _>("message_total_at").unwrap_or(0);
+    let rebuild = job.payload.get("rebuild").is_some();
+    if total - at < every && !rebuild {
+        return Ok(Some(
+            json!({"skipped": "fewer new messages than summary_spine_every"}),
+        ));
+    }
+    let inputs = spine::Inputs {
+        previous: r.get::<Option<String>, _>("content").unwrap_or_default(),
+        sessions: r.get("sessions"),
+        rolling: r.get("rolling"),
+    };
+    let made = spine::make(svc, &inputs).await?;
+    let version: i32 = sqlx::query_scalar(include_str!("../../sql/summary/spine_insert.sql"))
+        .bind(&job.user_id)
+        .bind(&made.content)
+        .bind(serde_json::to_value(&made.sections)?)
+        .bind(total - at)
+        .bind(total)
+        .bind(made.elapsed_ms as i32)
+        .fetch_one(&svc.pool)
+        .await?;
+    Ok(Some(
+        json!({"version": version, "message_count": total - at, "elapsed_ms": made.elapsed_ms}),
+    ))
+}
+
+/// One step of the worker's idle lane: runs a due summary job if there is a service;
+/// true if it did work. Errors are logged (the lane goes on).
+pub async fn run_idle(svc: Option<&SummaryService>) -> bool {
+    let Some(svc) = svc else {
+        return false;
+    };
+    match process_next_summary_job(svc).await {
+        Ok(Outcome::Empty) => false,
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "summary job failed");
+            false
+        }
+    }
+}
+
+/// Runs due jobs until none is left (tests, `kvmem summary rebuild`).
+pub async fn drain_at(svc: &SummaryService, now: DateTime<Utc>) -> Result<Vec<Outcome>> {
+    let mut out = Vec::new();
+    loop {
+        match process_next_summary_job_at(svc, now).await? {
+            Outcome::Empty => return Ok(out),
+            o => out.push(o),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The summary model on a thread of its own: a llama.cpp context cannot move between
+//! threads, so one thread owns it and summary prompts queue for it. A prompt is fitted to
+//! the context with the model's tokenizer by dropping its oldest lines, never by guessing.
+
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::engine::Engine;
+use crate::memory::extract;
+
+/// One summary request: a system message, then the user message built from `header`, the
+/// input `lines` (oldest first; the oldest are dropped to fit) and `footer`.
+#[derive(Debug, Clone, Default)]
+pub struct Prompt {
+    pub system: String,
+    pub header: String,
+    pub lines: Vec<String>,
+    pub footer: String,
+    /// A GBNF grammar (root rule `root`) the answer must follow.
+    pub grammar: Option<String>,
+    pub max_tokens: u32,
+}
+
+/// What the model answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    pub text: String,
+    /// The token budget ran out before the model finished.
+    pub truncated: bool,
+    /// Input lines left out so the prompt fits the context.
+    pub lines_dropped: usize,
+    pub elapsed_ms: u64,
+}
+
+type Reply = std::result::Result<Generated, String>;
+type Job = (Prompt, oneshot::Sender<Reply>);
+
+/// The model thread and a handle on its engine (for token counts, which need no context).
+pub struct Summarizer {
+    jobs: Mutex<mpsc::Sender<Job>>,
+    engine: Arc<Engine>,
+}
+
+impl Summarizer {
+    /// Creates the context on a new thread; fails if llama.cpp cannot make one.
+    pub fn start(engine: Arc<Engine>) -> std::result::Result<Summarizer, String> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let thread_engine = engine.clone();
+        std::thread::Builder::new()
+            .name("kvmem-summary".into())
+            .spawn(move || {
+                let mut ctx = match thread_engine.new_context() {
+                    Ok(ctx) => {
+                        let _ = ready_tx.send(Ok(()));
+                        ctx
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                for (prompt, reply) in rx {
+                    let _ = reply.send(run(&thread_engine, &mut ctx, prompt));
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        ready_rx
+            .recv()
+            .map_err(|_| "summary thread died".to_string())??;
+        Ok(Summarizer {
+            jobs: Mutex::new(tx),
+            engine,
+        })
+    }
+
+    /// Runs one prompt on the model thread.
+    pub async fn generate(&self, prompt: Prompt) -> Reply {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .lock()
+            .map_err(|_| "summary queue poisoned".to_string())?
+            .send((prompt, tx))
+            .map_err(|_| "summary thread is gone".to_string())?;
+        rx.await.map_err(|_| "summary thread stopped".to_string())?
+    }
+
+    /// [`Summarizer::generate`] for blocking code (run it on a blocking thread).
+    pub fn generate_blocking(&self, prompt: Prompt) -> Reply {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .lock()
+            .map_err(|_| "summary queue poisoned".to_string())?
+            .send((prompt, tx))
+            .map_err(|_| "summary thread is gone".to_string())?;
+        rx.blocking_recv()
+            .map_err(|_| "summary thread stopped".to_string())?
+    }
+
+    /// Tokens of `text` as the model counts them.
+    pub fn count_tokens(&self, text: &str) -> usize {
+        self.engine.count_tokens(text)
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+}
+
+fn run(engine: &Engine, ctx: &mut llama_cpp_2::context::LlamaContext<'static>, p: Prompt) -> Reply {
+    let started = Instant::now();
+    let n_ctx = ctx.n_ctx() as usize;
+    let fixed = engine.base_tokens(&p.system).len()
+        + engine
+            .block(
+                &engine.frame.user,
+                &[&format!("{}\n{}", p.header, p.footer)],
+            )
+            .len();
+    let budget = n_ctx
+        .checked_sub(fixed + p.max_tokens as usize + 8)
+        .ok_or_else(|| {
+            format!(
+                "prompt of {fixed} tokens plus {} to generate does not fit the context of {n_ctx}",
+                p.max_tokens
+            )
+        })?;
+    let (lines, dropped) = fit_lines(engine, &p.lines, budget);
+    let user = format!("{}\n{}\n{}", p.header, lines.join("\n"), p.footer);
+    let (text, truncated) = extract::generate(
+        engine,
+        ctx,
+        &p.system,
+        &user,
+        p.grammar.as_deref(),
+        p.max_tokens,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Generated {
+        text: text.trim().to_string(),
+        truncated,
+        lines_dropped: dropped,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// The newest lines that fit `budget` tokens together (one token per line break), in order.
+fn fit_lines<'a>(engine: &Engine, lines: &'a [String], budget: usize) -> (Vec<&'a str>, usize) {
+    let mut used = 0;
+    let mut kept = Vec::new();
+    for line in lines.iter().rev() {
+        let n = engine.count_tokens(line) + 1;
+        if used + n > budget {
+            break;
+        }
+        used += n;
+        kept.push(line.as_str());
+    }
+    kept.reverse();
+    let dropped = lines.len() - kept.len();
+    (kept, dropped)
+}
