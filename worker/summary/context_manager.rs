@@ -131,9 +131,10 @@ impl ContextData {
         }
     }
 
-    /// The document as seed 003 prints it (two-space indent, the seed's key order).
+    /// The document as seed 003 prints it: two-space indent, the seed's key order, and a
+    /// final newline, as a file has.
     pub fn to_json(&self) -> Result<String, MemoryError> {
-        Ok(serde_json::to_string_pretty(self)?)
+        Ok(serde_json::to_string_pretty(self)? + "\n")
     }
 
     pub fn from_json(text: &str) -> Result<ContextData, MemoryError> {
