@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use kvmem::cmd::status;
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams};
-use kvmem::generator::Generator;
-use kvmem::pipeline::TurnPipeline;
-use kvmem::worker::{self, Deps};
-use kvmem::{db, queue, status, telemetry};
+use kvmem::runner::{self, Deps};
+use kvmem::system::{self, Model};
+use kvmem::{db, queue, telemetry};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -126,7 +126,7 @@ async fn main() -> Result<()> {
     telemetry::init(&settings);
     let url = || settings.database_url().map(str::to_string);
     match cli.command {
-        Command::Demo => kvmem::demo::run(settings.clone()).await?,
+        Command::Demo => kvmem::cmd::demo::run(settings.clone()).await?,
         Command::Memory(args) => kvmem::memory::cli::run(args, settings.clone()).await?,
         Command::Migrate => {
             let pool = db::connect(&url()?, 2).await?;
@@ -169,7 +169,7 @@ async fn main() -> Result<()> {
             let tok = token_counter(&settings)?;
             let max = settings.digest_max_tokens as usize;
             let built = if store {
-                kvmem::digest::rebuild(
+                kvmem::context::digest::rebuild(
                     &pool,
                     &session,
                     max,
@@ -179,7 +179,7 @@ async fn main() -> Result<()> {
                 .await?
                 .0
             } else {
-                kvmem::digest::build_for(&pool, &session, max, tok.as_ref()).await?
+                kvmem::context::digest::build_for(&pool, &session, max, tok.as_ref()).await?
             };
             println!("{}\n{}", built.version, built.content);
         }
@@ -203,7 +203,7 @@ async fn main() -> Result<()> {
                 None
             } else {
                 let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-                Some(tokio::spawn(worker::run(deps, shutdown.clone())))
+                Some(tokio::spawn(runner::run(deps, shutdown.clone())))
             };
             let model_sha = match &settings.model_path {
                 Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
@@ -255,9 +255,9 @@ async fn main() -> Result<()> {
             let settings = Arc::new(replay_settings);
             let pool = db::connect(&url()?, settings.concurrency + 4).await?;
             db::migrate(&pool).await?;
-            let mut all = kvmem::replay::scenes_from_db(&pool, &session).await?;
+            let mut all = kvmem::cmd::replay::scenes_from_db(&pool, &session).await?;
             if let Some(path) = scenes {
-                all.extend(kvmem::replay::scenes_from_jsonl(&path)?);
+                all.extend(kvmem::cmd::replay::scenes_from_jsonl(&path)?);
             }
             anyhow::ensure!(
                 !all.is_empty(),
@@ -268,11 +268,11 @@ async fn main() -> Result<()> {
                 None
             } else {
                 let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-                Some(tokio::spawn(worker::run(deps, shutdown.clone())))
+                Some(tokio::spawn(runner::run(deps, shutdown.clone())))
             };
             let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
             let result =
-                kvmem::replay::run(&pool, &all, &run_id, Duration::from_secs(timeout_s), true)
+                kvmem::cmd::replay::run(&pool, &all, &run_id, Duration::from_secs(timeout_s), true)
                     .await;
             shutdown.cancel();
             if let Some(w) = worker {
@@ -280,7 +280,7 @@ async fn main() -> Result<()> {
             }
             let result = result?;
             std::fs::write(&report, serde_json::to_string_pretty(&result)?)?;
-            print!("{}", kvmem::replay::summary(&result));
+            print!("{}", kvmem::cmd::replay::summary(&result));
             println!("report: {}", report.display());
             if check && (result.divergences > 0 || result.failures > 0) {
                 anyhow::bail!(
@@ -317,14 +317,14 @@ fn db_message(e: &queue::QueueError) -> String {
 }
 
 /// The model's tokenizer when a model is configured, else the word counter.
-fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::tokens::TokenCount>> {
+fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::context::tokens::TokenCount>> {
     Ok(match &settings.model_path {
         Some(path) => Arc::new(Engine::load(
             path,
             settings.model_sha.as_deref(),
             EngineParams::from_settings(settings),
         )?),
-        None => Arc::new(kvmem::tokens::WordCount),
+        None => Arc::new(kvmem::context::tokens::WordCount),
     })
 }
 
@@ -335,47 +335,30 @@ async fn build_deps(
     kind: GeneratorKind,
     echo_delay_ms: u64,
 ) -> Result<Deps> {
-    let generator = match kind {
-        GeneratorKind::Echo => Generator::Echo {
+    let model = match kind {
+        GeneratorKind::Echo => Model::Echo {
             delay: Duration::from_millis(echo_delay_ms),
         },
-        GeneratorKind::Llama => {
-            let path: PathBuf = settings
-                .model_path
-                .clone()
-                .context("KVMEM_MODEL_PATH is not set (run ops/fetch-model for SmolLM2)")?;
-            let params = EngineParams::from_settings(&settings);
-            let pinned = settings.model_sha.clone();
-            let engine =
-                tokio::task::spawn_blocking(move || Engine::load(&path, pinned.as_deref(), params))
-                    .await??;
-            tracing::info!(model_sha = %engine.model_sha, model = %engine.model_path.display(), "model loaded");
-            if settings.concurrency > settings.engine_slots {
-                tracing::warn!(
-                    "concurrency above engine_slots: extra turns wait for a free context"
-                );
-            }
-            let pipeline = TurnPipeline::new(Arc::new(engine), settings.clone())?;
-            Generator::Llama(Arc::new(pipeline))
-        }
+        GeneratorKind::Llama => Model::Llama(system::load_model(&settings).await?),
     };
-    Ok(Deps {
+    Ok(system::deps(
         pool,
         settings,
-        generator,
-        worker_id: worker::new_worker_id(),
-        metrics: kvmem::metrics::global(),
-    })
+        model,
+        runner::new_worker_id(),
+        kvmem::metrics::global(),
+    )?)
 }
 
 async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {
     // Signals first: a SIGTERM while connecting or loading the model is a clean exit too.
     let shutdown = shutdown_on_signal();
     let settings = Arc::new(settings);
-    let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
-    db::migrate(&pool).await.context("migrating before start")?;
+    let pool = system::database(&settings, settings.concurrency + 4)
+        .await
+        .context("connecting and migrating before start")?;
     let deps = build_deps(settings, pool, kind, echo_delay_ms).await?;
-    worker::run(deps, shutdown).await?;
+    runner::run(deps, shutdown).await?;
     Ok(())
 }
 

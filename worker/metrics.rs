@@ -119,7 +119,7 @@ impl Metrics {
     }
 
     /// A finished attempt, as logged.
-    pub fn turn(&self, log: &crate::kvlog::KvLog) {
+    pub fn turn(&self, log: &crate::turn::log::KvLog) {
         self.turns
             .get_or_create(&StatusLabel {
                 status: log.status.to_string(),

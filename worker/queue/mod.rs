@@ -2,55 +2,16 @@
 //! completion, retry or death, and the reaper. Every statement lives in `sql/queue/`.
 
 use std::collections::HashSet;
-use std::fmt;
 
-use serde::Serialize;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 
-use crate::kvlog::KvLog;
+use crate::turn::log::KvLog;
+pub use crate::turn::{ClaimedTurn, TurnId, TurnState};
 
 /// Channel the enqueue function notifies, payload = session id.
 pub const TURNS_CHANNEL: &str = "kvmem_turns";
 /// Channel announcing finished turns, payload = JSON `{turn_id, session_id, state}`.
 pub const TURN_DONE_CHANNEL: &str = "kvmem_turn_done";
-
-/// A turn's primary key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, sqlx::Type)]
-#[sqlx(transparent)]
-pub struct TurnId(pub i64);
-
-impl fmt::Display for TurnId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// States of the `turn_state` enum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
-#[sqlx(type_name = "turn_state", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum TurnState {
-    Queued,
-    Running,
-    Done,
-    Failed,
-    Dead,
-}
-
-/// A turn this worker holds the lease for.
-#[derive(Debug, Clone)]
-pub struct ClaimedTurn {
-    pub id: TurnId,
-    pub session_id: String,
-    pub user_id: String,
-    pub character_id: i64,
-    pub message: String,
-    pub lane: String,
-    pub attempt: i32,
-    pub max_attempts: i32,
-    pub fencing_token: i64,
-    pub owner: String,
-}
 
 /// Queue errors. `Fenced` means another worker owns the session now: drop the work.
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +60,7 @@ pub async fn claim_up_to(
         if left == 0 {
             break;
         }
-        let rows = sqlx::query(include_str!("../sql/queue/claim.sql"))
+        let rows = sqlx::query(include_str!("../../sql/queue/claim.sql"))
             .bind(owner)
             .bind(lease_ms as f64)
             .bind(std::slice::from_ref(lane))
@@ -132,7 +93,7 @@ pub async fn claim_up_to(
 
 /// Extends the lease. `Ok(false)` means it was lost.
 pub async fn heartbeat(pool: &PgPool, turn: &ClaimedTurn, lease_ms: u64) -> Result<bool> {
-    let row = sqlx::query(include_str!("../sql/queue/heartbeat.sql"))
+    let row = sqlx::query(include_str!("../../sql/queue/heartbeat.sql"))
         .bind(&turn.session_id)
         .bind(turn.fencing_token)
         .bind(&turn.owner)
@@ -144,7 +105,7 @@ pub async fn heartbeat(pool: &PgPool, turn: &ClaimedTurn, lease_ms: u64) -> Resu
 
 /// True while this worker still holds the turn's unexpired lease.
 pub async fn lease_held(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
-    let held = sqlx::query_scalar(include_str!("../sql/queue/lease_held.sql"))
+    let held = sqlx::query_scalar(include_str!("../../sql/queue/lease_held.sql"))
         .bind(&turn.session_id)
         .bind(turn.id.0)
         .bind(&turn.owner)
@@ -156,7 +117,7 @@ pub async fn lease_held(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
 
 /// The session's last committed turn and the fencing token of its committing attempt.
 pub async fn last_done(pool: &PgPool, session_id: &str) -> Result<Option<(i64, Option<i64>)>> {
-    let row = sqlx::query_as(include_str!("../sql/turn/last_done.sql"))
+    let row = sqlx::query_as(include_str!("../../sql/turn/last_done.sql"))
         .bind(session_id)
         .fetch_optional(pool)
         .await?;
@@ -165,7 +126,7 @@ pub async fn last_done(pool: &PgPool, session_id: &str) -> Result<Option<(i64, O
 
 /// Locks the lease row and checks this worker still holds it.
 async fn fence(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {
-    let held = sqlx::query(include_str!("../sql/queue/fence.sql"))
+    let held = sqlx::query(include_str!("../../sql/queue/fence.sql"))
         .bind(&turn.session_id)
         .bind(turn.fencing_token)
         .bind(&turn.owner)
@@ -237,14 +198,14 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
     );
     // Scope: every completion of the batch, each guarded by its own fencing token.
     let mut tx = pool.begin().await?;
-    let held: Vec<i64> = sqlx::query_scalar(include_str!("../sql/queue/fence_many.sql"))
+    let held: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/queue/fence_many.sql"))
         .bind(&keys)
         .fetch_all(&mut *tx)
         .await?;
     let done: HashSet<i64> = if held.is_empty() {
         Default::default()
     } else {
-        let ids: Vec<i64> = sqlx::query_scalar(include_str!("../sql/queue/complete.sql"))
+        let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/queue/complete.sql"))
             .bind(&texts)
             .bind(&held)
             .fetch_all(&mut *tx)
@@ -257,8 +218,8 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
             .filter(|c| done.contains(&c.turn.id.0))
             .map(|c| c.log.row(&c.turn))
             .collect();
-        crate::kvlog::insert_rows(&mut tx, rows).await?;
-        sqlx::query(include_str!("../sql/queue/release_many.sql"))
+        insert_log_rows(&mut tx, rows).await?;
+        sqlx::query(include_str!("../../sql/queue/release_many.sql"))
             .bind(&keys)
             .bind(done.iter().copied().collect::<Vec<i64>>())
             .execute(&mut *tx)
@@ -289,7 +250,7 @@ pub async fn fail(
     // Scope: the failed attempt's state change, its log row and the lease release.
     let mut tx = pool.begin().await?;
     fence(&mut tx, turn).await?;
-    let row = sqlx::query(include_str!("../sql/queue/fail.sql"))
+    let row = sqlx::query(include_str!("../../sql/queue/fail.sql"))
         .bind(turn.id.0)
         .bind(error)
         .bind(retryable)
@@ -301,7 +262,7 @@ pub async fn fail(
         return Err(QueueError::Fenced(turn.id));
     };
     let state: TurnState = row.try_get("state")?;
-    log.insert(&mut tx, turn).await?;
+    insert_log_rows(&mut tx, vec![log.row(turn)]).await?;
     release_lease(&mut tx, turn).await?;
     if state != TurnState::Queued {
         notify_done(&mut tx, turn, state).await?;
@@ -315,7 +276,7 @@ pub async fn release(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
     // Scope: the turn's return to the queue and the lease release, guarded by the token.
     let mut tx = pool.begin().await?;
     fence(&mut tx, turn).await?;
-    let row = sqlx::query(include_str!("../sql/queue/release.sql"))
+    let row = sqlx::query(include_str!("../../sql/queue/release.sql"))
         .bind(turn.id.0)
         .fetch_optional(&mut *tx)
         .await?;
@@ -336,7 +297,7 @@ pub struct Reaped {
 pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
     // Scope: the expired leases found here, their turns and their release, all at once.
     let mut tx = pool.begin().await?;
-    let expired = sqlx::query(include_str!("../sql/queue/reap.sql"))
+    let expired = sqlx::query(include_str!("../../sql/queue/reap.sql"))
         .fetch_all(&mut *tx)
         .await?;
     let mut reaped = Vec::new();
@@ -345,11 +306,11 @@ pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
         let turn_id: i64 = lease.try_get("turn_id")?;
         let token: i64 = lease.try_get("fencing_token")?;
         let state: Option<TurnState> =
-            sqlx::query_scalar(include_str!("../sql/queue/reap_turn.sql"))
+            sqlx::query_scalar(include_str!("../../sql/queue/reap_turn.sql"))
                 .bind(turn_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        sqlx::query(include_str!("../sql/queue/reap_release.sql"))
+        sqlx::query(include_str!("../../sql/queue/reap_release.sql"))
             .bind(&session_id)
             .bind(token)
             .execute(&mut *tx)
@@ -368,7 +329,7 @@ pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
 
 /// Deletes events older than the retention window, a bounded batch at a time.
 pub async fn trim_events(pool: &PgPool, retention_hours: u64) -> Result<u64> {
-    let done = sqlx::query(include_str!("../sql/queue/trim_events.sql"))
+    let done = sqlx::query(include_str!("../../sql/queue/trim_events.sql"))
         .bind(retention_hours as f64)
         .execute(pool)
         .await?;
@@ -376,7 +337,7 @@ pub async fn trim_events(pool: &PgPool, retention_hours: u64) -> Result<u64> {
 }
 
 async fn release_lease(tx: &mut Transaction<'_, Postgres>, turn: &ClaimedTurn) -> Result<()> {
-    sqlx::query(include_str!("../sql/queue/release_lease.sql"))
+    sqlx::query(include_str!("../../sql/queue/release_lease.sql"))
         .bind(&turn.session_id)
         .bind(turn.fencing_token)
         .execute(&mut **tx)
@@ -443,4 +404,17 @@ pub async fn enqueue_on(
         .fetch_one(pool)
         .await?;
     Ok(TurnId(id))
+}
+
+/// Inserts `turn_log` rows made by [`KvLog::row`], inside the transaction that records the
+/// attempt's outcome.
+async fn insert_log_rows(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: Vec<serde_json::Value>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(include_str!("../../sql/turn/insert_log.sql"))
+        .bind(serde_json::Value::Array(rows))
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }

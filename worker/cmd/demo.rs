@@ -12,11 +12,10 @@ use sqlx::{PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::engine::{Engine, EngineParams};
-use crate::generator::Generator;
-use crate::pipeline::TurnPipeline;
 use crate::queue::{self, TurnId};
-use crate::worker::{self, Deps};
+use crate::runner;
+use crate::system::Model;
+use crate::turn::short_sha;
 
 /// The scene: ten user turns; a conflict starts before turn 4.
 const SCENE: [&str; 10] = [
@@ -113,30 +112,24 @@ pub async fn run(settings: Settings) -> Result<()> {
     };
     let kv_dir = tempfile_dir()?;
     let settings = settings.with(serde_json::json!({ "kv_dir": kv_dir, "database_url": url }))?;
-    let settings = Arc::new(settings);
-    let pool = crate::db::connect(&url, 8).await?;
-    crate::db::migrate(&pool).await?;
     let model = model_path(&settings)?;
-    let params = EngineParams::from_settings(&settings);
-    let pinned = settings.model_sha.clone();
-    let engine =
-        tokio::task::spawn_blocking(move || Engine::load(&model, pinned.as_deref(), params))
-            .await??;
+    let settings = Arc::new(settings.with(serde_json::json!({ "model_path": model }))?);
+    let pool = crate::system::database(&settings, 8).await?;
+    let engine = crate::system::load_model(&settings).await?;
     eprintln!(
         "demo: model {} (sha256 {})",
         engine.model_path.display(),
-        &engine.model_sha[..12]
+        short_sha(&engine.model_sha)
     );
-    let pipeline = TurnPipeline::new(Arc::new(engine), settings.clone())?;
-    let deps = Deps {
-        pool: pool.clone(),
-        settings: settings.clone(),
-        generator: Generator::Llama(Arc::new(pipeline)),
-        worker_id: worker::new_worker_id(),
-        metrics: crate::metrics::global(),
-    };
+    let deps = crate::system::deps(
+        pool.clone(),
+        settings.clone(),
+        Model::Llama(engine),
+        runner::new_worker_id(),
+        crate::metrics::global(),
+    )?;
     let shutdown = CancellationToken::new();
-    let handle = tokio::spawn(worker::run(deps, shutdown.clone()));
+    let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
     let result = scene(&pool).await;
     shutdown.cancel();
     let _ = handle.await;
@@ -255,7 +248,7 @@ pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
                 "warm"
             },
             r.try_get::<bool, _>("digest_injected")?,
-            &version[..version.len().min(12)],
+            short_sha(&version),
             r.try_get::<i32, _>("tokens_in_kv")?,
             r.try_get::<i64, _>("kv_bytes")?,
             r.try_get::<i32, _>("ttft_ms")?,

@@ -4,9 +4,8 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use sqlx::{Postgres, Transaction};
 
-use crate::queue::ClaimedTurn;
+use super::ClaimedTurn;
 
 /// Which pipeline produced the turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,27 +143,6 @@ impl KvLog {
             "started_at": self.started_at,
         })
     }
-
-    /// Inserts the `turn_log` row inside the completion transaction.
-    pub async fn insert(
-        &self,
-        tx: &mut Transaction<'_, Postgres>,
-        turn: &ClaimedTurn,
-    ) -> Result<(), sqlx::Error> {
-        insert_rows(tx, vec![self.row(turn)]).await
-    }
-}
-
-/// Inserts `turn_log` rows made by [`KvLog::row`].
-pub async fn insert_rows(
-    tx: &mut Transaction<'_, Postgres>,
-    rows: Vec<serde_json::Value>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(include_str!("../sql/turn/insert_log.sql"))
-        .bind(serde_json::Value::Array(rows))
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }
 
 impl fmt::Display for KvLog {

@@ -3,7 +3,7 @@
 
 use sqlx::{FromRow, PgPool};
 
-use crate::tokens::TokenCount;
+use crate::context::tokens::TokenCount;
 
 /// Shown when the character row cannot be read; the turn still runs.
 pub const MINIMAL_HUD: &str = "HUD: status unavailable";
@@ -28,7 +28,7 @@ pub async fn fetch(
     character_id: i64,
     user_id: &str,
 ) -> Result<Option<HudRow>, sqlx::Error> {
-    sqlx::query_as::<_, HudRow>(include_str!("../sql/hud/fetch.sql"))
+    sqlx::query_as::<_, HudRow>(include_str!("../../sql/hud/fetch.sql"))
         .bind(character_id)
         .bind(user_id)
         .fetch_optional(pool)

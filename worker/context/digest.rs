@@ -12,8 +12,8 @@ use sqlx::{PgPool, Row};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::context::tokens::TokenCount;
 use crate::metrics::Metrics;
-use crate::tokens::TokenCount;
 
 /// Channel the `facts` trigger notifies, payload = session id.
 pub const FACTS_CHANNEL: &str = "kvmem_facts";
@@ -143,7 +143,7 @@ pub async fn build_for(
     max_tokens: usize,
     tok: &dyn TokenCount,
 ) -> Result<Built, sqlx::Error> {
-    let rows = sqlx::query(include_str!("../sql/digest/active_facts.sql"))
+    let rows = sqlx::query(include_str!("../../sql/digest/active_facts.sql"))
         .bind(session_id)
         .fetch_all(pool)
         .await?;
@@ -175,7 +175,7 @@ pub async fn rebuild(
             .fetch_optional(pool)
             .await?;
     let built = build_for(pool, session_id, max_tokens, tok).await?;
-    let changed: Option<String> = sqlx::query_scalar(include_str!("../sql/digest/upsert.sql"))
+    let changed: Option<String> = sqlx::query_scalar(include_str!("../../sql/digest/upsert.sql"))
         .bind(session_id)
         .bind(&built.version)
         .bind(&built.content)
@@ -185,7 +185,7 @@ pub async fn rebuild(
         .fetch_optional(pool)
         .await?;
     if let Some(marked) = marked {
-        sqlx::query(include_str!("../sql/digest/clear_dirty.sql"))
+        sqlx::query(include_str!("../../sql/digest/clear_dirty.sql"))
             .bind(session_id)
             .bind(marked)
             .execute(pool)
@@ -314,7 +314,7 @@ pub async fn rebuild_due(
     max_tokens: usize,
     metrics: &Metrics,
 ) -> Result<usize, sqlx::Error> {
-    let due: Vec<String> = sqlx::query_scalar(include_str!("../sql/digest/due.sql"))
+    let due: Vec<String> = sqlx::query_scalar(include_str!("../../sql/digest/due.sql"))
         .fetch_all(pool)
         .await?;
     for sid in &due {
@@ -326,7 +326,7 @@ pub async fn rebuild_due(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::WordCount;
+    use crate::context::tokens::WordCount;
 
     fn fact(t: &str, v: &str) -> Fact {
         Fact {

@@ -8,81 +8,10 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
-use crate::kvlog::{KvLog, TurnPath};
+use super::Deps;
 use crate::pipeline::TurnPipeline;
-use crate::queue::ClaimedTurn;
-use crate::worker::Deps;
-
-/// A failed turn attempt, classified once: the queue retries only what may succeed later.
-#[derive(Debug, thiserror::Error)]
-pub enum TurnError {
-    /// Bad input that no retry can fix (a message too long for the context, say).
-    #[error("{message}")]
-    Fatal {
-        message: String,
-        log: Option<Box<KvLog>>,
-    },
-    /// A database blip or an engine failure: worth another attempt after backoff.
-    #[error("{message}")]
-    Retryable {
-        message: String,
-        log: Option<Box<KvLog>>,
-    },
-    /// Stopped early: the lease was lost or shutdown ran out of grace.
-    #[error("turn aborted: lease lost or shutting down")]
-    Aborted,
-}
-
-impl TurnError {
-    pub fn fatal(message: impl Into<String>) -> TurnError {
-        TurnError::Fatal {
-            message: message.into(),
-            log: None,
-        }
-    }
-
-    pub fn retryable(message: impl Into<String>) -> TurnError {
-        TurnError::Retryable {
-            message: message.into(),
-            log: None,
-        }
-    }
-
-    /// Attaches the partial log, so the failed attempt's row shows how far it got.
-    pub fn with_log(self, partial: KvLog) -> TurnError {
-        match self {
-            TurnError::Fatal { message, .. } => TurnError::Fatal {
-                message,
-                log: Some(Box::new(partial)),
-            },
-            TurnError::Retryable { message, .. } => TurnError::Retryable {
-                message,
-                log: Some(Box::new(partial)),
-            },
-            TurnError::Aborted => TurnError::Aborted,
-        }
-    }
-
-    pub fn is_retryable(&self) -> bool {
-        !matches!(self, TurnError::Fatal { .. })
-    }
-
-    pub fn log(&self) -> Option<KvLog> {
-        match self {
-            TurnError::Fatal { log, .. } | TurnError::Retryable { log, .. } => {
-                log.as_deref().cloned()
-            }
-            TurnError::Aborted => None,
-        }
-    }
-}
-
-impl From<sqlx::Error> for TurnError {
-    fn from(e: sqlx::Error) -> TurnError {
-        TurnError::retryable(format!("database: {e}"))
-    }
-}
+use crate::turn::log::{KvLog, TurnPath};
+use crate::turn::{ClaimedTurn, TurnError};
 
 /// The reply generator a worker runs.
 #[derive(Clone)]
@@ -104,14 +33,14 @@ impl Generator {
     ) -> Result<(String, KvLog), TurnError> {
         match self {
             Generator::Echo { delay } => echo(deps, turn, *delay, &abort).await,
-            Generator::Llama(pipeline) => pipeline.run_turn(deps, turn, abort).await,
+            Generator::Llama(pipeline) => pipeline.run_turn(turn, abort).await,
         }
     }
 
     /// Seed step 6, after the turn committed: rebuild the session's digest.
-    pub async fn after_turn(&self, deps: &Deps, turn: &ClaimedTurn) {
+    pub async fn after_turn(&self, turn: &ClaimedTurn) {
         if let Generator::Llama(pipeline) = self {
-            pipeline.after_turn(deps, turn).await;
+            pipeline.after_turn(turn).await;
         }
     }
 
@@ -123,12 +52,12 @@ impl Generator {
         shutdown: CancellationToken,
     ) {
         match self {
-            Generator::Llama(pipeline) => pipeline.spawn_background(deps, tasks, shutdown),
+            Generator::Llama(pipeline) => pipeline.spawn_background(tasks, shutdown),
             // Digests are a database feature: they stay fresh whatever the generator is.
             Generator::Echo { .. } => {
-                tasks.spawn(crate::digest::run_rebuilder(
+                tasks.spawn(crate::context::digest::run_rebuilder(
                     deps.pool.clone(),
-                    Arc::new(crate::tokens::WordCount),
+                    Arc::new(crate::context::tokens::WordCount),
                     deps.settings.digest_max_tokens as usize,
                     Duration::from_millis(deps.settings.poll_ms.max(100)),
                     deps.metrics.clone(),
@@ -139,11 +68,10 @@ impl Generator {
     }
 
     /// The `path=` this generator logs.
-    pub fn path(&self, settings: &Settings) -> TurnPath {
+    pub fn path(&self) -> TurnPath {
         match self {
             Generator::Echo { .. } => TurnPath::Echo,
-            Generator::Llama(_) if settings.kv_only_enabled => TurnPath::KvOnly,
-            Generator::Llama(_) => TurnPath::Rollback,
+            Generator::Llama(pipeline) => pipeline.path(),
         }
     }
 }
