@@ -16,6 +16,10 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         include_str!("../sql/api/enqueue_turn.sql"),
     ),
     (
+        "sql/api/turn_done.sql",
+        include_str!("../sql/api/turn_done.sql"),
+    ),
+    (
         "sql/views/queue.sql",
         include_str!("../sql/views/queue.sql"),
     ),

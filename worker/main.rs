@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kvmem::cmd::status;
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams};
@@ -38,64 +38,17 @@ enum Command {
     /// Apply migrations and (re)install the SQL API and views.
     Migrate,
     /// Run the claim loop until SIGTERM/SIGINT.
-    Worker {
-        #[arg(long, value_enum, default_value = "llama")]
-        generator: GeneratorKind,
-        /// Turns in flight at once (overrides KVMEM_CONCURRENCY).
-        #[arg(long)]
-        concurrency: Option<u32>,
-        /// Echo generator only: how long each reply takes, to simulate work.
-        #[arg(long, default_value_t = 0)]
-        echo_delay_ms: u64,
-    },
+    Worker(WorkerArgs),
     /// Queue one turn, as a backend would with `SELECT kvmem_enqueue_turn(...)`.
-    Enqueue {
-        #[arg(long)]
-        session: String,
-        #[arg(long)]
-        user: String,
-        #[arg(long)]
-        character: i64,
-        #[arg(long)]
-        message: String,
-        #[arg(long)]
-        idempotency_key: Option<String>,
-    },
+    Enqueue(EnqueueArgs),
     /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
     Demo,
     /// Seed 000's kvserver HTTP API (chat completions, rotate-hint, info, metrics), with
     /// a worker in the same process unless --no-worker.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: String,
-        #[arg(long)]
-        no_worker: bool,
-        #[arg(long, value_enum, default_value = "llama")]
-        generator: GeneratorKind,
-    },
+    Serve(ServeArgs),
     /// Re-run recorded sessions into new sessions on the replay lane and compare replies.
-    Replay {
-        /// Recorded session ids (comma-separated or repeated).
-        #[arg(long, value_delimiter = ',')]
-        session: Vec<String>,
-        /// A JSONL file of scenes: {"session_id","user_id","character_id","messages":[..],"replies":[..]}.
-        #[arg(long)]
-        scenes: Option<PathBuf>,
-        /// Where to write the JSON report.
-        #[arg(long, default_value = "replay-report.json")]
-        report: PathBuf,
-        /// Exit non-zero if any reply differs from the recorded one (or any turn fails).
-        #[arg(long)]
-        check: bool,
-        /// Do not run a worker here (workers elsewhere take the replay lane).
-        #[arg(long)]
-        no_worker: bool,
-        #[arg(long, value_enum, default_value = "llama")]
-        generator: GeneratorKind,
-        #[arg(long, default_value_t = 3600)]
-        timeout_s: u64,
-    },
+    Replay(ReplayArgs),
     /// Build a session's digest from its facts and print its version and text.
     Digest {
         #[arg(long)]
@@ -114,6 +67,65 @@ enum Command {
     },
 }
 
+#[derive(Args)]
+struct WorkerArgs {
+    #[arg(long, value_enum, default_value = "llama")]
+    generator: GeneratorKind,
+    /// Turns in flight at once (overrides KVMEM_CONCURRENCY).
+    #[arg(long)]
+    concurrency: Option<u32>,
+    /// Echo generator only: how long each reply takes, to simulate work.
+    #[arg(long, default_value_t = 0)]
+    echo_delay_ms: u64,
+}
+
+#[derive(Args)]
+struct EnqueueArgs {
+    #[arg(long)]
+    session: String,
+    #[arg(long)]
+    user: String,
+    #[arg(long)]
+    character: i64,
+    #[arg(long)]
+    message: String,
+    #[arg(long)]
+    idempotency_key: Option<String>,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    #[arg(long)]
+    no_worker: bool,
+    #[arg(long, value_enum, default_value = "llama")]
+    generator: GeneratorKind,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Recorded session ids (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    session: Vec<String>,
+    /// A JSONL file of scenes: {"session_id","user_id","character_id","messages":[..],"replies":[..]}.
+    #[arg(long)]
+    scenes: Option<PathBuf>,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "replay-report.json")]
+    report: PathBuf,
+    /// Exit non-zero if any reply differs from the recorded one (or any turn fails).
+    #[arg(long)]
+    check: bool,
+    /// Do not run a worker here (workers elsewhere take the replay lane).
+    #[arg(long)]
+    no_worker: bool,
+    #[arg(long, value_enum, default_value = "llama")]
+    generator: GeneratorKind,
+    #[arg(long, default_value_t = 3600)]
+    timeout_s: u64,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -124,188 +136,180 @@ async fn main() -> Result<()> {
     };
     let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
-    let url = || settings.database_url().map(str::to_string);
     match cli.command {
-        Command::Demo => kvmem::cmd::demo::run(settings.clone()).await?,
-        Command::Memory(args) => kvmem::memory::cli::run(args, settings.clone()).await?,
-        Command::Migrate => {
-            let pool = db::connect(&url()?, 2).await?;
-            db::migrate(&pool).await?;
-            println!("migrated");
+        Command::Demo => kvmem::cmd::demo::run(settings).await,
+        Command::Memory(args) => Ok(kvmem::memory::cli::run(args, settings).await?),
+        Command::Migrate => migrate(&settings).await,
+        Command::Worker(args) => worker(args, settings).await,
+        Command::Enqueue(args) => enqueue(args, &settings).await,
+        Command::Digest { session, store } => digest(&session, store, &settings).await,
+        Command::Serve(args) => serve(args, settings).await,
+        Command::Replay(args) => replay(args, settings).await,
+        Command::Status { watch } => watch_status(watch, &settings).await,
+    }
+}
+
+async fn migrate(settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 2).await?;
+    db::migrate(&pool).await?;
+    println!("migrated");
+    Ok(())
+}
+
+async fn worker(args: WorkerArgs, mut settings: Settings) -> Result<()> {
+    if let Some(c) = args.concurrency {
+        settings.concurrency = c;
+    }
+    run_worker(settings, args.generator, args.echo_delay_ms).await
+}
+
+async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 1).await?;
+    let id = queue::enqueue(
+        &pool,
+        &args.session,
+        &args.user,
+        args.character,
+        &args.message,
+        args.idempotency_key.as_deref(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", db_message(&e)))?;
+    println!("{id}");
+    Ok(())
+}
+
+async fn digest(session: &str, store: bool, settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 1).await?;
+    let tok = token_counter(settings)?;
+    let max = settings.digest_max_tokens as usize;
+    let built = if store {
+        let metrics = kvmem::metrics::global();
+        kvmem::context::digest::rebuild(&pool, session, max, tok.as_ref(), &metrics)
+            .await?
+            .0
+    } else {
+        kvmem::context::digest::build_for(&pool, session, max, tok.as_ref()).await?
+    };
+    println!("{}\n{}", built.version, built.content);
+    Ok(())
+}
+
+/// A worker in this process unless `no_worker`: the serve and replay commands' own.
+async fn in_process_worker(
+    no_worker: bool,
+    settings: &Arc<Settings>,
+    pool: &sqlx::PgPool,
+    generator: GeneratorKind,
+    shutdown: &CancellationToken,
+) -> Result<Option<tokio::task::JoinHandle<Result<(), runner::WorkerError>>>> {
+    if no_worker {
+        return Ok(None);
+    }
+    let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
+    Ok(Some(tokio::spawn(runner::run(deps, shutdown.clone()))))
+}
+
+async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
+    let listen = args.listen;
+    // Before anything is loaded: an exposed server without a token must not start.
+    let addr: std::net::SocketAddr = tokio::net::lookup_host(&listen)
+        .await
+        .with_context(|| format!("resolving {listen}"))?
+        .next()
+        .with_context(|| format!("{listen} resolves to no address"))?;
+    kvmem::http::check_exposure(&addr, &settings).map_err(anyhow::Error::msg)?;
+    let settings = Arc::new(settings);
+    let pool = system::database(&settings, settings.concurrency + 8).await?;
+    let shutdown = shutdown_on_signal();
+    let worker =
+        in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
+    let model_sha = match &settings.model_path {
+        Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
+        None => String::new(),
+    };
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    tracing::info!(%listen, "kvserver listening");
+    let memory = kvmem::memory::MemoryService::new(
+        pool.clone(),
+        kvmem::memory::MemoryConfig::from_settings(&settings)?,
+    )
+    .await;
+    let state = kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
+    let server = kvmem::http::serve(listener, state, shutdown.clone());
+    let Some(mut worker) = worker else {
+        return Ok(server.await?);
+    };
+    tokio::pin!(server);
+    // The in-process worker ending before shutdown means no turn will ever finish:
+    // stop serving and exit non-zero rather than answer 504 forever.
+    tokio::select! {
+        served = &mut server => {
+            served?;
+            worker.await.context("in-process worker")??;
+            Ok(())
         }
-        Command::Worker {
-            generator,
-            concurrency,
-            echo_delay_ms,
-        } => {
-            let mut settings = settings.clone();
-            if let Some(c) = concurrency {
-                settings.concurrency = c;
-            }
-            run_worker(settings, generator, echo_delay_ms).await?;
-        }
-        Command::Enqueue {
-            session,
-            user,
-            character,
-            message,
-            idempotency_key,
-        } => {
-            let pool = db::connect(&url()?, 1).await?;
-            let id = queue::enqueue(
-                &pool,
-                &session,
-                &user,
-                character,
-                &message,
-                idempotency_key.as_deref(),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", db_message(&e)))?;
-            println!("{id}");
-        }
-        Command::Digest { session, store } => {
-            let pool = db::connect(&url()?, 1).await?;
-            let tok = token_counter(&settings)?;
-            let max = settings.digest_max_tokens as usize;
-            let built = if store {
-                kvmem::context::digest::rebuild(
-                    &pool,
-                    &session,
-                    max,
-                    tok.as_ref(),
-                    &kvmem::metrics::global(),
-                )
-                .await?
-                .0
-            } else {
-                kvmem::context::digest::build_for(&pool, &session, max, tok.as_ref()).await?
-            };
-            println!("{}\n{}", built.version, built.content);
-        }
-        Command::Serve {
-            listen,
-            no_worker,
-            generator,
-        } => {
-            // Before anything is loaded: an exposed server without a token must not start.
-            let addr: std::net::SocketAddr = tokio::net::lookup_host(&listen)
-                .await
-                .with_context(|| format!("resolving {listen}"))?
-                .next()
-                .with_context(|| format!("{listen} resolves to no address"))?;
-            kvmem::http::check_exposure(&addr, &settings).map_err(anyhow::Error::msg)?;
-            let settings = Arc::new(settings.clone());
-            let pool = db::connect(&url()?, settings.concurrency + 8).await?;
-            db::migrate(&pool).await?;
-            let shutdown = shutdown_on_signal();
-            let worker = if no_worker {
-                None
-            } else {
-                let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-                Some(tokio::spawn(runner::run(deps, shutdown.clone())))
-            };
-            let model_sha = match &settings.model_path {
-                Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
-                None => String::new(),
-            };
-            let listener = tokio::net::TcpListener::bind(&listen)
-                .await
-                .with_context(|| format!("binding {listen}"))?;
-            tracing::info!(%listen, "kvserver listening");
-            let memory = kvmem::memory::MemoryService::new(
-                pool.clone(),
-                kvmem::memory::MemoryConfig::from_settings(&settings)?,
-            )
-            .await;
-            let state =
-                kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
-            let server = kvmem::http::serve(listener, state, shutdown.clone());
-            let Some(mut worker) = worker else {
-                server.await?;
-                return Ok(());
-            };
-            tokio::pin!(server);
-            // The in-process worker ending before shutdown means no turn will ever finish:
-            // stop serving and exit non-zero rather than answer 504 forever.
-            tokio::select! {
-                served = &mut server => {
-                    served?;
-                    worker.await.context("in-process worker")??;
-                }
-                ended = &mut worker => {
-                    shutdown.cancel();
-                    server.await?;
-                    ended.context("in-process worker")??;
-                    anyhow::bail!("the in-process worker stopped while the server was still serving");
-                }
-            }
-        }
-        Command::Replay {
-            session,
-            scenes,
-            report,
-            check,
-            no_worker,
-            generator,
-            timeout_s,
-        } => {
-            let mut replay_settings = settings.clone();
-            replay_settings.lanes = vec!["replay".into()];
-            let settings = Arc::new(replay_settings);
-            let pool = db::connect(&url()?, settings.concurrency + 4).await?;
-            db::migrate(&pool).await?;
-            let mut all = kvmem::cmd::replay::scenes_from_db(&pool, &session).await?;
-            if let Some(path) = scenes {
-                all.extend(kvmem::cmd::replay::scenes_from_jsonl(&path)?);
-            }
-            anyhow::ensure!(
-                !all.is_empty(),
-                "nothing to replay: give --session or --scenes"
-            );
-            let shutdown = CancellationToken::new();
-            let worker = if no_worker {
-                None
-            } else {
-                let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-                Some(tokio::spawn(runner::run(deps, shutdown.clone())))
-            };
-            let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
-            let result =
-                kvmem::cmd::replay::run(&pool, &all, &run_id, Duration::from_secs(timeout_s), true)
-                    .await;
+        ended = &mut worker => {
             shutdown.cancel();
-            if let Some(w) = worker {
-                let _ = w.await;
-            }
-            let result = result?;
-            std::fs::write(&report, serde_json::to_string_pretty(&result)?)?;
-            print!("{}", kvmem::cmd::replay::summary(&result));
-            println!("report: {}", report.display());
-            if check && (result.divergences > 0 || result.failures > 0) {
-                anyhow::bail!(
-                    "replay check failed: {} diverged, {} failed",
-                    result.divergences,
-                    result.failures
-                );
-            }
-        }
-        Command::Status { watch } => {
-            let pool = db::connect(&url()?, 1).await?;
-            loop {
-                let text = status::report(&pool).await?;
-                if watch.is_some() {
-                    print!("\x1b[2J\x1b[H");
-                }
-                print!("{text}");
-                match watch {
-                    Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,
-                    None => break,
-                }
-            }
+            server.await?;
+            ended.context("in-process worker")??;
+            anyhow::bail!("the in-process worker stopped while the server was still serving");
         }
     }
+}
+
+async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
+    let mut replay_settings = settings;
+    replay_settings.lanes = vec!["replay".into()];
+    let settings = Arc::new(replay_settings);
+    let pool = system::database(&settings, settings.concurrency + 4).await?;
+    let mut all = kvmem::cmd::replay::scenes_from_db(&pool, &args.session).await?;
+    if let Some(path) = &args.scenes {
+        all.extend(kvmem::cmd::replay::scenes_from_jsonl(path)?);
+    }
+    anyhow::ensure!(
+        !all.is_empty(),
+        "nothing to replay: give --session or --scenes"
+    );
+    let shutdown = CancellationToken::new();
+    let worker =
+        in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
+    let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
+    let timeout = Duration::from_secs(args.timeout_s);
+    let result = kvmem::cmd::replay::run(&pool, &all, &run_id, timeout, true).await;
+    shutdown.cancel();
+    if let Some(w) = worker {
+        let _ = w.await;
+    }
+    let result = result?;
+    std::fs::write(&args.report, serde_json::to_string_pretty(&result)?)?;
+    print!("{}", kvmem::cmd::replay::summary(&result));
+    println!("report: {}", args.report.display());
+    if args.check && (result.divergences > 0 || result.failures > 0) {
+        anyhow::bail!(
+            "replay check failed: {} diverged, {} failed",
+            result.divergences,
+            result.failures
+        );
+    }
     Ok(())
+}
+
+async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 1).await?;
+    loop {
+        let text = status::report(&pool).await?;
+        if watch.is_some() {
+            print!("\x1b[2J\x1b[H");
+        }
+        print!("{text}");
+        match watch {
+            Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,
+            None => return Ok(()),
+        }
+    }
 }
 
 /// The database's own message for a raised error (our `kvmem: ...` texts), else the whole error.

@@ -156,7 +156,7 @@ impl Metrics {
     /// Refreshes the queue gauges from Postgres and renders the text exposition format.
     pub async fn render(&self, pool: &PgPool) -> Result<String, sqlx::Error> {
         let rows: Vec<(String, String, i64)> =
-            sqlx::query_as("SELECT state::text, lane, turns FROM kvmem_queue_stats")
+            sqlx::query_as(include_str!("../sql/metrics/queue_stats.sql"))
                 .fetch_all(pool)
                 .await?;
         for (state, lane, n) in rows {

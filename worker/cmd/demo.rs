@@ -149,46 +149,33 @@ fn tempfile_dir() -> Result<PathBuf> {
 async fn scene(pool: &PgPool) -> Result<String> {
     let sid = format!("demo_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
     let user = "demo_user";
-    let eq: i64 = sqlx::query_scalar(
-        "INSERT INTO equipment (equipment_name) VALUES ('Plasma Rifle') RETURNING id",
-    )
-    .fetch_one(pool)
-    .await?;
-    let ch: i64 = sqlx::query_scalar(
-        "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet,
-             stress_level, team_trust, mental_health, battle_focus, primary_equipment_id)
-         VALUES ($1, 'Captain Vega', 'A calm starship captain who speaks in short sentences.',
-                 82, 100, 1250, 35, 70, 60, 65, $2) RETURNING id",
-    )
-    .bind(user)
-    .bind(eq)
-    .fetch_one(pool)
-    .await?;
+    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
+        .fetch_one(pool)
+        .await?;
+    let ch: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
+        .bind(user)
+        .bind(eq)
+        .fetch_one(pool)
+        .await?;
     for (t, key, value) in [
         ("alliance", "tech_syndicate", "Tech Syndicate partnership"),
         ("debt", "first_bank", "Owes 500 credits to First Bank"),
     ] {
-        sqlx::query(
-            "INSERT INTO facts (session_id, type, key, value, status, started_at, updated_at)
-             VALUES ($1, $2, $3, $4, 'active', NOW(), NOW())",
-        )
-        .bind(&sid)
-        .bind(t)
-        .bind(key)
-        .bind(value)
-        .execute(pool)
-        .await?;
+        sqlx::query(include_str!("../../sql/cmd/demo_fact.sql"))
+            .bind(&sid)
+            .bind(t)
+            .bind(key)
+            .bind(value)
+            .execute(pool)
+            .await?;
     }
     for (i, msg) in SCENE.iter().enumerate() {
         if i == 3 {
             // Seed 000's "Start Conflict" SQL.
-            sqlx::query(
-                "INSERT INTO facts (session_id, type, key, value, status, started_at, updated_at)
-                 VALUES ($1, 'conflict', 'merchant_war', 'War with Merchant Guild over trade routes', 'active', NOW(), NOW())",
-            )
-            .bind(&sid)
-            .execute(pool)
-            .await?;
+            sqlx::query(include_str!("../../sql/cmd/demo_conflict.sql"))
+                .bind(&sid)
+                .execute(pool)
+                .await?;
             eprintln!("demo: state change before T4: conflict 'merchant_war' started");
         }
         let id = queue::enqueue(pool, &sid, user, ch, msg, None).await?;
@@ -201,7 +188,7 @@ async fn scene(pool: &PgPool) -> Result<String> {
 async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     loop {
-        let row = sqlx::query("SELECT state::text AS state, reply, error FROM turns WHERE id = $1")
+        let row = sqlx::query(include_str!("../../sql/cmd/demo_turn_state.sql"))
             .bind(id.0)
             .fetch_one(pool)
             .await?;
@@ -226,13 +213,10 @@ async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
 
 /// The readable table: one row per turn.
 pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
-    let rows = sqlx::query(
-        "SELECT l.cold, l.digest_injected, l.tokens_in_kv, l.kv_bytes, l.latency_ms, l.ttft_ms, l.digest_version
-           FROM turn_log l WHERE l.sid = $1 AND l.status = 'OK' ORDER BY l.turn_id",
-    )
-    .bind(sid)
-    .fetch_all(pool)
-    .await?;
+    let rows = sqlx::query(include_str!("../../sql/cmd/demo_turn_logs.sql"))
+        .bind(sid)
+        .fetch_all(pool)
+        .await?;
     let mut out = String::new();
     let _ = writeln!(out, "| turn | start | digest_injected | digest_version | tokens_in_kv | kv_bytes | ttft_ms | latency_ms |");
     let _ = writeln!(out, "|---:|---|---|---|---:|---:|---:|---:|");

@@ -71,13 +71,10 @@ pub enum ReplayError {
 pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Scene>, ReplayError> {
     let mut scenes = Vec::new();
     for sid in sessions {
-        let rows = sqlx::query(
-            "SELECT user_id, character_id, message, reply FROM turns
-              WHERE session_id = $1 AND state = 'done' ORDER BY id",
-        )
-        .bind(sid)
-        .fetch_all(pool)
-        .await?;
+        let rows = sqlx::query(include_str!("../../sql/cmd/replay_source_turns.sql"))
+            .bind(sid)
+            .fetch_all(pool)
+            .await?;
         let first = rows
             .first()
             .ok_or_else(|| ReplayError::UnknownSession(sid.clone()))?;
@@ -129,15 +126,11 @@ pub async fn run(
     let mut queued = Vec::new();
     for scene in scenes {
         let target = format!("replay:{run_id}:{}", scene.session_id);
-        sqlx::query(
-            "INSERT INTO facts (session_id, type, key, value, status, expires_at)
-             SELECT $2, type, key, value, status, expires_at FROM facts WHERE session_id = $1
-             ON CONFLICT (session_id, type, key) DO NOTHING",
-        )
-        .bind(&scene.session_id)
-        .bind(&target)
-        .execute(pool)
-        .await?;
+        sqlx::query(include_str!("../../sql/cmd/replay_copy_facts.sql"))
+            .bind(&scene.session_id)
+            .bind(&target)
+            .execute(pool)
+            .await?;
         for (i, msg) in scene.messages.iter().enumerate() {
             let key = format!("{target}:{i}");
             let id = queue::enqueue_on(
@@ -164,12 +157,10 @@ pub async fn run(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     loop {
-        let finished: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM turns WHERE id = ANY($1) AND state IN ('done', 'failed', 'dead')",
-        )
-        .bind(&ids)
-        .fetch_one(pool)
-        .await?;
+        let finished: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/replay_finished.sql"))
+            .bind(&ids)
+            .fetch_one(pool)
+            .await?;
         bar.set_position(finished as u64);
         if finished as usize == ids.len() {
             break;
@@ -183,15 +174,10 @@ pub async fn run(
     bar.finish();
     let mut turns = Vec::new();
     for (scene, target, i, id) in queued {
-        let row = sqlx::query(
-            "SELECT t.state::text AS state, t.reply, l.latency_ms, l.cold FROM turns t
-               LEFT JOIN LATERAL (SELECT latency_ms, cold FROM turn_log
-                                   WHERE turn_id = t.id AND status = 'OK' ORDER BY id DESC LIMIT 1) l ON true
-              WHERE t.id = $1",
-        )
-        .bind(id.0)
-        .fetch_one(pool)
-        .await?;
+        let row = sqlx::query(include_str!("../../sql/cmd/replay_turn_result.sql"))
+            .bind(id.0)
+            .fetch_one(pool)
+            .await?;
         let reply: Option<String> = row.try_get("reply")?;
         let original = scene.replies.get(i).cloned();
         turns.push(TurnReport {

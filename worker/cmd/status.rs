@@ -7,11 +7,9 @@ use sqlx::{PgPool, Row};
 /// Renders the queue's state as text.
 pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
     let mut out = String::new();
-    let counts = sqlx::query(
-        "SELECT state::text AS state, sum(turns)::bigint AS turns FROM kvmem_queue_stats GROUP BY state ORDER BY state",
-    )
-    .fetch_all(pool)
-    .await?;
+    let counts = sqlx::query(include_str!("../../sql/cmd/status_counts.sql"))
+        .fetch_all(pool)
+        .await?;
     let _ = writeln!(out, "turns by state:");
     for r in &counts {
         let _ = writeln!(
@@ -21,7 +19,7 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.try_get::<i64, _>("turns")?
         );
     }
-    let oldest = sqlx::query("SELECT lane, age_s, queued FROM kvmem_oldest_queued ORDER BY lane")
+    let oldest = sqlx::query(include_str!("../../sql/cmd/status_oldest.sql"))
         .fetch_all(pool)
         .await?;
     let _ = writeln!(out, "oldest queued:");
@@ -37,11 +35,9 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.try_get::<i64, _>("queued")?
         );
     }
-    let running = sqlx::query(
-        "SELECT turn_id, session_id, owner, lease_age_s, expires_in_s FROM kvmem_running ORDER BY turn_id LIMIT 50",
-    )
-    .fetch_all(pool)
-    .await?;
+    let running = sqlx::query(include_str!("../../sql/cmd/status_running.sql"))
+        .fetch_all(pool)
+        .await?;
     let _ = writeln!(out, "running ({}):", running.len());
     for r in &running {
         let _ = writeln!(
@@ -54,7 +50,7 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.try_get::<f64, _>("expires_in_s")?
         );
     }
-    let dead = sqlx::query("SELECT turn_id, session_id, attempts, error FROM kvmem_dead LIMIT 20")
+    let dead = sqlx::query(include_str!("../../sql/cmd/status_dead.sql"))
         .fetch_all(pool)
         .await?;
     let _ = writeln!(out, "dead ({} shown):", dead.len());
@@ -68,10 +64,10 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.try_get::<Option<String>, _>("error")?.unwrap_or_default()
         );
     }
-    let lat = sqlx::query("SELECT turns, p50_ms, p95_ms FROM kvmem_latency")
+    let lat = sqlx::query(include_str!("../../sql/cmd/status_latency.sql"))
         .fetch_one(pool)
         .await?;
-    let warm = sqlx::query("SELECT warm, cold, warm_ratio FROM kvmem_warm_ratio")
+    let warm = sqlx::query(include_str!("../../sql/cmd/status_warm.sql"))
         .fetch_one(pool)
         .await?;
     let _ = writeln!(

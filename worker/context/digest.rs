@@ -170,7 +170,7 @@ pub async fn rebuild(
     metrics: &Metrics,
 ) -> Result<(Built, bool), sqlx::Error> {
     let marked: Option<DateTime<Utc>> =
-        sqlx::query_scalar("SELECT marked_at FROM digest_dirty WHERE session_id = $1")
+        sqlx::query_scalar(include_str!("../../sql/digest/dirty_since.sql"))
             .bind(session_id)
             .fetch_optional(pool)
             .await?;
@@ -194,13 +194,11 @@ pub async fn rebuild(
     let changed = changed.is_some();
     if changed {
         metrics.digest_rebuilt();
-        sqlx::query(
-            "INSERT INTO events (session_id, kind, detail) VALUES ($1, 'digest_rebuilt', $2)",
-        )
-        .bind(session_id)
-        .bind(serde_json::json!({ "digest_version": built.version, "facts": built.fact_count }))
-        .execute(pool)
-        .await?;
+        sqlx::query(include_str!("../../sql/digest/event_rebuilt.sql"))
+            .bind(session_id)
+            .bind(serde_json::json!({ "digest_version": built.version, "facts": built.fact_count }))
+            .execute(pool)
+            .await?;
     }
     Ok((built, changed))
 }
@@ -213,14 +211,10 @@ pub async fn current(
     tok: &dyn TokenCount,
     metrics: &Metrics,
 ) -> Result<Stored, sqlx::Error> {
-    let row = sqlx::query(
-        "SELECT digest_version, digest_content FROM state_digest
-          WHERE session_id = $1 AND NOT EXISTS (SELECT 1 FROM digest_dirty WHERE session_id = $1)
-            AND (next_expiry_at IS NULL OR next_expiry_at > now())",
-    )
-    .bind(session_id)
-    .fetch_optional(pool)
-    .await?;
+    let row = sqlx::query(include_str!("../../sql/digest/current.sql"))
+        .bind(session_id)
+        .fetch_optional(pool)
+        .await?;
     if let Some(row) = row {
         return Ok(Stored {
             version: row.try_get("digest_version")?,
@@ -297,11 +291,10 @@ async fn listen_and_rebuild(
 
 /// How long to sleep: until the next fact expiry, at most one poll interval.
 async fn next_wait(pool: &PgPool, poll: Duration) -> Result<Duration, sqlx::Error> {
-    let next: Option<DateTime<Utc>> = sqlx::query_scalar(
-        "SELECT min(next_expiry_at) FROM state_digest WHERE next_expiry_at IS NOT NULL",
-    )
-    .fetch_one(pool)
-    .await?;
+    let next: Option<DateTime<Utc>> =
+        sqlx::query_scalar(include_str!("../../sql/digest/next_expiry.sql"))
+            .fetch_one(pool)
+            .await?;
     let Some(next) = next else { return Ok(poll) };
     let until = (next - Utc::now()).to_std().unwrap_or(Duration::ZERO);
     Ok(until.min(poll) + Duration::from_millis(5))
