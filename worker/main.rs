@@ -252,9 +252,14 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
             Ok(())
         }
         ended = &mut worker => {
+            // On a signal the worker may finish first: that is a clean stop.
+            let asked = shutdown.is_cancelled();
             shutdown.cancel();
             server.await?;
             ended.context("in-process worker")??;
+            if asked {
+                return Ok(());
+            }
             anyhow::bail!("the in-process worker stopped while the server was still serving");
         }
     }
