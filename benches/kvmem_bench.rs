@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams, KvSession};
-use kvmem::generator::Generator;
-use kvmem::pipeline::TurnPipeline;
+use kvmem::runner::{self, Deps, Outcome};
 use kvmem::snapshot::{self, Limits, SegKind, SnapshotStore};
-use kvmem::worker::{self, Deps, Outcome};
+use kvmem::system::{self, Model};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -201,15 +200,13 @@ async fn seed_history(
 }
 
 fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>) -> Result<Deps> {
-    let settings = Arc::new(settings);
-    let pipeline = TurnPipeline::new(engine, settings.clone())?;
-    Ok(Deps {
-        pool: pool.clone(),
-        settings,
-        generator: Generator::Llama(Arc::new(pipeline)),
-        worker_id: "bench".into(),
-        metrics: kvmem::metrics::global(),
-    })
+    Ok(system::deps(
+        pool.clone(),
+        Arc::new(settings),
+        Model::Llama(engine),
+        "bench".into(),
+        kvmem::metrics::global(),
+    )?)
 }
 
 /// Runs one turn through the queue; returns (ttft_ms, latency_ms, cold, tokens_loaded).
@@ -224,7 +221,7 @@ async fn timed_turn(
     let id = kvmem::queue::enqueue(&deps.pool, sid, "bench", ch, msg, None).await?;
     let never = CancellationToken::new();
     loop {
-        match worker::process_next_turn(deps, &never).await? {
+        match runner::process_next_turn(deps, &never).await? {
             Outcome::Done(t) if t == id => break,
             Outcome::Empty => anyhow::bail!("turn {id} not runnable"),
             other if other == Outcome::Failed(id) => anyhow::bail!("turn {id} failed"),
@@ -475,13 +472,13 @@ async fn digest_latency(env: &Env) -> Result<Value> {
     let n = if env.quick { 200 } else { 1000 };
     let (pool, _) = fresh_db(env, "kvmem_bench_digest").await?;
     let shutdown = CancellationToken::new();
-    let tok: Arc<dyn kvmem::tokens::TokenCount> = Arc::new(Engine::load(
+    let tok: Arc<dyn kvmem::context::tokens::TokenCount> = Arc::new(Engine::load(
         &env.smollm2,
         None,
         EngineParams::from_settings(&Settings::defaults()),
     )?);
     // A 60 s poll: every rebuild measured here comes through NOTIFY.
-    let task = tokio::spawn(kvmem::digest::run_rebuilder(
+    let task = tokio::spawn(kvmem::context::digest::run_rebuilder(
         pool.clone(),
         tok,
         180,
@@ -558,19 +555,19 @@ async fn echo_run(
     let enqueue_s = t.elapsed().as_secs_f64();
     let settings = Settings::defaults()
         .with(json!({"concurrency": concurrency, "claim_batch": claim_batch, "poll_ms": 50, "log_level": "warn"}))?;
-    let deps = Deps {
-        pool: pool.clone(),
-        settings: Arc::new(settings),
-        generator: Generator::Echo {
+    let deps = system::deps(
+        pool.clone(),
+        Arc::new(settings),
+        Model::Echo {
             delay: Duration::ZERO,
         },
-        worker_id: format!("bench-{prefix}{concurrency}"),
-        metrics: kvmem::metrics::global(),
-    };
+        format!("bench-{prefix}{concurrency}"),
+        kvmem::metrics::global(),
+    )?;
     let shutdown = CancellationToken::new();
     let total = (sessions * turns) as i64;
     let t = Instant::now();
-    let handle = tokio::spawn(worker::run(deps, shutdown.clone()));
+    let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         // Sessions with work left, from the small session_locks table: counting turns
@@ -619,17 +616,17 @@ async fn start_latency(pool: &PgPool, n: usize) -> Result<(f64, f64)> {
     let ch = character(pool).await?;
     let settings = Settings::defaults()
         .with(json!({"concurrency": 1, "poll_ms": 5000, "log_level": "warn"}))?;
-    let deps = Deps {
-        pool: pool.clone(),
-        settings: Arc::new(settings),
-        generator: Generator::Echo {
+    let deps = system::deps(
+        pool.clone(),
+        Arc::new(settings),
+        Model::Echo {
             delay: Duration::ZERO,
         },
-        worker_id: "lat".into(),
-        metrics: kvmem::metrics::global(),
-    };
+        "lat".into(),
+        kvmem::metrics::global(),
+    )?;
     let shutdown = CancellationToken::new();
-    let handle = tokio::spawn(worker::run(deps, shutdown.clone()));
+    let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
     tokio::time::sleep(Duration::from_millis(500)).await;
     for i in 0..n {
         kvmem::queue::enqueue(pool, &format!("lat{i}"), "bench", ch, "ping", None).await?;

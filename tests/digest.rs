@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvmem::digest;
-use kvmem::hud;
-use kvmem::tokens::TokenCount;
+use kvmem::context::digest;
+use kvmem::context::hud;
+use kvmem::context::tokens::TokenCount;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
@@ -53,7 +53,7 @@ async fn runbook(pool: PgPool, model: std::path::PathBuf, other_model: std::path
     }));
     let deps = llama_deps(&pool, s.clone(), load_engine(&model, &s), "w1");
     let mut turn = 0;
-    let mut say = async |deps: &kvmem::worker::Deps| {
+    let mut say = async |deps: &kvmem::runner::Deps| {
         turn += 1;
         one_turn(deps, sid, "u1", ch, &format!("T{turn}: report, captain."))
             .await
@@ -224,7 +224,7 @@ async fn digest_version_is_the_same_in_any_order_and_in_another_process(pool: Pg
 async fn fact_writes_trigger_rebuilds_through_notify(pool: PgPool) {
     migrate(&pool).await;
     let shutdown = CancellationToken::new();
-    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::tokens::WordCount);
+    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::context::tokens::WordCount);
     // A long poll: only NOTIFY can make this fast.
     let task = tokio::spawn(digest::run_rebuilder(
         pool.clone(),
@@ -277,7 +277,7 @@ async fn dirty_markers_written_while_no_one_listens_are_rebuilt_on_start(pool: P
     migrate(&pool).await;
     fact(&pool, "s", "debt", "bank", "Owes 5").await;
     let shutdown = CancellationToken::new();
-    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::tokens::WordCount);
+    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::context::tokens::WordCount);
     let task = tokio::spawn(digest::run_rebuilder(
         pool.clone(),
         tok,
@@ -302,7 +302,7 @@ async fn an_expiring_buff_leaves_the_digest_without_any_write(pool: PgPool) {
     .await
     .unwrap();
     let shutdown = CancellationToken::new();
-    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::tokens::WordCount);
+    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::context::tokens::WordCount);
     let task = tokio::spawn(digest::run_rebuilder(
         pool.clone(),
         tok,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use kvmem::http::{self, AppState};
-use kvmem::worker::{self, Deps};
+use kvmem::runner::{self, Deps};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -34,7 +34,7 @@ async fn start(
 ) -> Server {
     let shutdown = CancellationToken::new();
     if let Some(deps) = deps {
-        tokio::spawn(worker::run(deps, shutdown.clone()));
+        tokio::spawn(runner::run(deps, shutdown.clone()));
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
@@ -450,17 +450,22 @@ async fn replay_reproduces_replies_and_check_catches_a_change(pool: PgPool) {
     let replay_settings = s.with(json!({"lanes": ["replay"]})).unwrap();
     let replayer = llama_deps(&pool, replay_settings, engine, "replayer");
     let shutdown = CancellationToken::new();
-    tokio::spawn(worker::run(replayer, shutdown.clone()));
+    tokio::spawn(runner::run(replayer, shutdown.clone()));
 
-    let scenes = kvmem::replay::scenes_from_db(&pool, &["rec".to_string()])
+    let scenes = kvmem::cmd::replay::scenes_from_db(&pool, &["rec".to_string()])
         .await
         .unwrap();
-    let report = kvmem::replay::run(&pool, &scenes, "r1", Duration::from_secs(120), false)
+    let report = kvmem::cmd::replay::run(&pool, &scenes, "r1", Duration::from_secs(120), false)
         .await
         .unwrap();
     assert_eq!(report.turns.len(), 5);
     assert_eq!(report.failures, 0);
-    assert_eq!(report.divergences, 0, "{}", kvmem::replay::summary(&report));
+    assert_eq!(
+        report.divergences,
+        0,
+        "{}",
+        kvmem::cmd::replay::summary(&report)
+    );
     assert!(report.turns.iter().all(|t| t.identical == Some(true)));
     assert_eq!(report.turns[0].cold, Some(true));
     assert!(report.turns[1..].iter().all(|t| t.cold == Some(false)));
@@ -476,15 +481,15 @@ async fn replay_reproduces_replies_and_check_catches_a_change(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let scenes = kvmem::replay::scenes_from_db(&pool, &["rec".to_string()])
+    let scenes = kvmem::cmd::replay::scenes_from_db(&pool, &["rec".to_string()])
         .await
         .unwrap();
-    let report = kvmem::replay::run(&pool, &scenes, "r2", Duration::from_secs(120), false)
+    let report = kvmem::cmd::replay::run(&pool, &scenes, "r2", Duration::from_secs(120), false)
         .await
         .unwrap();
     assert_eq!(report.divergences, 1);
     assert_eq!(report.turns[2].identical, Some(false));
-    assert!(kvmem::replay::summary(&report).contains("DIFFERS"));
+    assert!(kvmem::cmd::replay::summary(&report).contains("DIFFERS"));
     shutdown.cancel();
 
     // The CLI's --check turns that into a non-zero exit.

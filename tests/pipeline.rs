@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
+use kvmem::runner::Outcome;
 use kvmem::snapshot::{self, Limits};
-use kvmem::worker::Outcome;
 use sqlx::PgPool;
 
 fn scene_settings(dir: &std::path::Path, extra: serde_json::Value) -> kvmem::config::Settings {
@@ -259,12 +259,12 @@ async fn users_sharing_a_character_name_never_share_memory(pool: PgPool) {
         snapshot::scope_key("bob", ada_b, "bob-s")
     );
     // The HUD is scoped by user: bob's character id under alice's name gives nothing.
-    assert!(kvmem::hud::fetch(&pool, ada_b, "alice")
+    assert!(kvmem::context::hud::fetch(&pool, ada_b, "alice")
         .await
         .unwrap()
         .is_none());
     assert_eq!(
-        kvmem::hud::fetch(&pool, ada_b, "bob")
+        kvmem::context::hud::fetch(&pool, ada_b, "bob")
             .await
             .unwrap()
             .unwrap()

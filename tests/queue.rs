@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use kvmem::queue::{self, QueueError};
-use kvmem::worker::{process_next_turn, Outcome};
+use kvmem::runner::{process_next_turn, Outcome};
 use sqlx::{PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
@@ -142,7 +142,7 @@ async fn batched_claims_and_group_commits_keep_every_session_in_order(pool: PgPo
             ),
             &format!("w{w}"),
         );
-        workers.push(tokio::spawn(kvmem::worker::run(deps, shutdown.clone())));
+        workers.push(tokio::spawn(kvmem::runner::run(deps, shutdown.clone())));
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -219,7 +219,11 @@ async fn group_commit_fences_each_turn(pool: PgPool) {
         .map(|t| queue::Completion {
             turn: t.clone(),
             reply: format!("reply {}", t.session_id),
-            log: kvmem::kvlog::KvLog::start(kvmem::kvlog::TurnPath::Echo, &t.session_id, 2048),
+            log: kvmem::turn::log::KvLog::start(
+                kvmem::turn::log::TurnPath::Echo,
+                &t.session_id,
+                2048,
+            ),
         })
         .collect();
     let results = queue::complete_many(&pool, &batch).await.unwrap();
@@ -353,7 +357,7 @@ async fn expired_lease_is_rerun_by_another_worker_and_the_stale_one_is_fenced(po
     let deps = echo_deps(&pool, settings(serde_json::json!({})), "B");
     assert_eq!(drain(&deps).await, vec![Outcome::Done(id)]);
     // A wakes up and tries to complete: refused by the fencing token.
-    let log = kvmem::kvlog::KvLog::start(kvmem::kvlog::TurnPath::Echo, "s", 4096);
+    let log = kvmem::turn::log::KvLog::start(kvmem::turn::log::TurnPath::Echo, "s", 4096);
     let err = queue::complete(&pool, &stale, "stale reply", &log)
         .await
         .unwrap_err();
@@ -392,7 +396,7 @@ async fn stale_worker_cannot_complete_even_before_anyone_reclaims(pool: PgPool) 
     let stale = queue::claim(&pool, "A", 50, &lanes).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
     queue::reap(&pool).await.unwrap();
-    let log = kvmem::kvlog::KvLog::start(kvmem::kvlog::TurnPath::Echo, "s", 4096);
+    let log = kvmem::turn::log::KvLog::start(kvmem::turn::log::TurnPath::Echo, "s", 4096);
     assert!(matches!(
         queue::complete(&pool, &stale, "late", &log).await,
         Err(QueueError::Fenced(_))
@@ -597,7 +601,7 @@ async fn shutdown_releases_a_turn_without_counting_it(pool: PgPool) {
         settings(serde_json::json!({"shutdown_grace_ms": 50})),
         "w",
     );
-    deps.generator = kvmem::generator::Generator::Echo {
+    deps.generator = kvmem::runner::generator::Generator::Echo {
         delay: Duration::from_millis(400),
     };
     let shutdown = CancellationToken::new();
@@ -625,7 +629,7 @@ async fn status_report_shows_the_queue(pool: PgPool) {
     queue::enqueue(&pool, "s", "u1", ch, "two", None)
         .await
         .unwrap();
-    let text = kvmem::status::report(&pool).await.unwrap();
+    let text = kvmem::cmd::status::report(&pool).await.unwrap();
     assert!(text.contains("queued   2"), "{text}");
     assert!(text.contains("live"), "{text}");
 }

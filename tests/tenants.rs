@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use kvmem::http::{self, AppState};
 use kvmem::queue;
-use kvmem::worker;
+use kvmem::runner;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -145,7 +145,7 @@ async fn serve(pool: &PgPool, settings: kvmem::config::Settings, worker: bool) -
     let shutdown = CancellationToken::new();
     if worker {
         let deps = echo_deps(pool, settings.clone(), "w-http");
-        tokio::spawn(worker::run(deps, shutdown.clone()));
+        tokio::spawn(runner::run(deps, shutdown.clone()));
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -16,6 +16,10 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         include_str!("../sql/api/enqueue_turn.sql"),
     ),
     (
+        "sql/api/turn_done.sql",
+        include_str!("../sql/api/turn_done.sql"),
+    ),
+    (
         "sql/views/queue.sql",
         include_str!("../sql/views/queue.sql"),
     ),
@@ -72,7 +76,7 @@ async fn install_replaceable(pool: &PgPool) -> Result<(), DbError> {
         source,
     })?;
     // Workers starting together would otherwise race on DROP/CREATE of the same objects.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('kvmem:install_replaceable'))")
+    sqlx::query(include_str!("../sql/db/install_lock.sql"))
         .execute(&mut *tx)
         .await
         .map_err(|source| DbError::Install {

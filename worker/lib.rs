@@ -10,25 +10,26 @@
 //! an LLKV1 snapshot instead of re-reading the history. Around the KV sit the HUD (the
 //! character's self-state, ephemeral) and the digest (world-state facts, versioned by
 //! SHA-256 and injected only when it changed).
+//!
+//! The modules, from the bottom up (a module uses only those below it; CONTRIBUTING.md
+//! draws the picture): foundations ([`config`], [`db`], [`metrics`], [`telemetry`],
+//! [`faults`]); [`snapshot`] and [`engine`]; [`turn`]; [`queue`] and [`context`];
+//! [`memory`] and [`summary`]; [`pipeline`]; [`runner`]; [`system`]; [`http`] and [`cmd`].
 
+pub mod cmd;
 pub mod config;
+pub mod context;
 pub mod db;
-pub mod demo;
-pub mod digest;
 pub mod engine;
 pub mod faults;
-pub mod generator;
 pub mod http;
-pub mod hud;
-pub mod kvlog;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;
 pub mod queue;
-pub mod replay;
+pub mod runner;
 pub mod snapshot;
-pub mod status;
 pub mod summary;
+pub mod system;
 pub mod telemetry;
-pub mod tokens;
-pub mod worker;
+pub mod turn;

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kvmem::cmd::status;
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams};
-use kvmem::generator::Generator;
-use kvmem::pipeline::TurnPipeline;
-use kvmem::worker::{self, Deps};
-use kvmem::{db, queue, status, telemetry};
+use kvmem::runner::{self, Deps};
+use kvmem::system::{self, Model};
+use kvmem::{db, queue, telemetry};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -38,64 +38,17 @@ enum Command {
     /// Apply migrations and (re)install the SQL API and views.
     Migrate,
     /// Run the claim loop until SIGTERM/SIGINT.
-    Worker {
-        #[arg(long, value_enum, default_value = "llama")]
-        generator: GeneratorKind,
-        /// Turns in flight at once (overrides KVMEM_CONCURRENCY).
-        #[arg(long)]
-        concurrency: Option<u32>,
-        /// Echo generator only: how long each reply takes, to simulate work.
-        #[arg(long, default_value_t = 0)]
-        echo_delay_ms: u64,
-    },
+    Worker(WorkerArgs),
     /// Queue one turn, as a backend would with `SELECT kvmem_enqueue_turn(...)`.
-    Enqueue {
-        #[arg(long)]
-        session: String,
-        #[arg(long)]
-        user: String,
-        #[arg(long)]
-        character: i64,
-        #[arg(long)]
-        message: String,
-        #[arg(long)]
-        idempotency_key: Option<String>,
-    },
+    Enqueue(EnqueueArgs),
     /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
     Demo,
     /// Seed 000's kvserver HTTP API (chat completions, rotate-hint, info, metrics), with
     /// a worker in the same process unless --no-worker.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: String,
-        #[arg(long)]
-        no_worker: bool,
-        #[arg(long, value_enum, default_value = "llama")]
-        generator: GeneratorKind,
-    },
+    Serve(ServeArgs),
     /// Re-run recorded sessions into new sessions on the replay lane and compare replies.
-    Replay {
-        /// Recorded session ids (comma-separated or repeated).
-        #[arg(long, value_delimiter = ',')]
-        session: Vec<String>,
-        /// A JSONL file of scenes: {"session_id","user_id","character_id","messages":[..],"replies":[..]}.
-        #[arg(long)]
-        scenes: Option<PathBuf>,
-        /// Where to write the JSON report.
-        #[arg(long, default_value = "replay-report.json")]
-        report: PathBuf,
-        /// Exit non-zero if any reply differs from the recorded one (or any turn fails).
-        #[arg(long)]
-        check: bool,
-        /// Do not run a worker here (workers elsewhere take the replay lane).
-        #[arg(long)]
-        no_worker: bool,
-        #[arg(long, value_enum, default_value = "llama")]
-        generator: GeneratorKind,
-        #[arg(long, default_value_t = 3600)]
-        timeout_s: u64,
-    },
+    Replay(ReplayArgs),
     /// Build a session's digest from its facts and print its version and text.
     Digest {
         #[arg(long)]
@@ -116,6 +69,65 @@ enum Command {
     },
 }
 
+#[derive(Args)]
+struct WorkerArgs {
+    #[arg(long, value_enum, default_value = "llama")]
+    generator: GeneratorKind,
+    /// Turns in flight at once (overrides KVMEM_CONCURRENCY).
+    #[arg(long)]
+    concurrency: Option<u32>,
+    /// Echo generator only: how long each reply takes, to simulate work.
+    #[arg(long, default_value_t = 0)]
+    echo_delay_ms: u64,
+}
+
+#[derive(Args)]
+struct EnqueueArgs {
+    #[arg(long)]
+    session: String,
+    #[arg(long)]
+    user: String,
+    #[arg(long)]
+    character: i64,
+    #[arg(long)]
+    message: String,
+    #[arg(long)]
+    idempotency_key: Option<String>,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    #[arg(long)]
+    no_worker: bool,
+    #[arg(long, value_enum, default_value = "llama")]
+    generator: GeneratorKind,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Recorded session ids (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    session: Vec<String>,
+    /// A JSONL file of scenes: {"session_id","user_id","character_id","messages":[..],"replies":[..]}.
+    #[arg(long)]
+    scenes: Option<PathBuf>,
+    /// Where to write the JSON report.
+    #[arg(long, default_value = "replay-report.json")]
+    report: PathBuf,
+    /// Exit non-zero if any reply differs from the recorded one (or any turn fails).
+    #[arg(long)]
+    check: bool,
+    /// Do not run a worker here (workers elsewhere take the replay lane).
+    #[arg(long)]
+    no_worker: bool,
+    #[arg(long, value_enum, default_value = "llama")]
+    generator: GeneratorKind,
+    #[arg(long, default_value_t = 3600)]
+    timeout_s: u64,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -126,189 +138,186 @@ async fn main() -> Result<()> {
     };
     let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
-    let url = || settings.database_url().map(str::to_string);
     match cli.command {
-        Command::Demo => kvmem::demo::run(settings.clone()).await?,
-        Command::Memory(args) => kvmem::memory::cli::run(args, settings.clone()).await?,
-        Command::Summary(args) => kvmem::summary::cli::run(args, settings.clone()).await?,
-        Command::Migrate => {
-            let pool = db::connect(&url()?, 2).await?;
-            db::migrate(&pool).await?;
-            println!("migrated");
+        Command::Demo => kvmem::cmd::demo::run(settings).await,
+        Command::Memory(args) => Ok(kvmem::memory::cli::run(args, settings).await?),
+        Command::Summary(args) => Ok(kvmem::summary::cli::run(args, settings).await?),
+        Command::Migrate => migrate(&settings).await,
+        Command::Worker(args) => worker(args, settings).await,
+        Command::Enqueue(args) => enqueue(args, &settings).await,
+        Command::Digest { session, store } => digest(&session, store, &settings).await,
+        Command::Serve(args) => serve(args, settings).await,
+        Command::Replay(args) => replay(args, settings).await,
+        Command::Status { watch } => watch_status(watch, &settings).await,
+    }
+}
+
+async fn migrate(settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 2).await?;
+    db::migrate(&pool).await?;
+    println!("migrated");
+    Ok(())
+}
+
+async fn worker(args: WorkerArgs, mut settings: Settings) -> Result<()> {
+    if let Some(c) = args.concurrency {
+        settings.concurrency = c;
+    }
+    run_worker(settings, args.generator, args.echo_delay_ms).await
+}
+
+async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 1).await?;
+    let id = queue::enqueue(
+        &pool,
+        &args.session,
+        &args.user,
+        args.character,
+        &args.message,
+        args.idempotency_key.as_deref(),
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{}", db_message(&e)))?;
+    println!("{id}");
+    Ok(())
+}
+
+async fn digest(session: &str, store: bool, settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 1).await?;
+    let tok = token_counter(settings)?;
+    let max = settings.digest_max_tokens as usize;
+    let built = if store {
+        let metrics = kvmem::metrics::global();
+        kvmem::context::digest::rebuild(&pool, session, max, tok.as_ref(), &metrics)
+            .await?
+            .0
+    } else {
+        kvmem::context::digest::build_for(&pool, session, max, tok.as_ref()).await?
+    };
+    println!("{}\n{}", built.version, built.content);
+    Ok(())
+}
+
+/// A worker in this process unless `no_worker`: the serve and replay commands' own.
+async fn in_process_worker(
+    no_worker: bool,
+    settings: &Arc<Settings>,
+    pool: &sqlx::PgPool,
+    generator: GeneratorKind,
+    shutdown: &CancellationToken,
+) -> Result<Option<tokio::task::JoinHandle<Result<(), runner::WorkerError>>>> {
+    if no_worker {
+        return Ok(None);
+    }
+    let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
+    Ok(Some(tokio::spawn(runner::run(deps, shutdown.clone()))))
+}
+
+async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
+    let listen = args.listen;
+    // Before anything is loaded: an exposed server without a token must not start.
+    let addr: std::net::SocketAddr = tokio::net::lookup_host(&listen)
+        .await
+        .with_context(|| format!("resolving {listen}"))?
+        .next()
+        .with_context(|| format!("{listen} resolves to no address"))?;
+    kvmem::http::check_exposure(&addr, &settings).map_err(anyhow::Error::msg)?;
+    let settings = Arc::new(settings);
+    let pool = system::database(&settings, settings.concurrency + 8).await?;
+    let shutdown = shutdown_on_signal();
+    let worker =
+        in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
+    let model_sha = match &settings.model_path {
+        Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
+        None => String::new(),
+    };
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    tracing::info!(%listen, "kvserver listening");
+    let memory = kvmem::memory::MemoryService::new(
+        pool.clone(),
+        kvmem::memory::MemoryConfig::from_settings(&settings)?,
+    )
+    .await;
+    let state = kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
+    let server = kvmem::http::serve(listener, state, shutdown.clone());
+    let Some(mut worker) = worker else {
+        return Ok(server.await?);
+    };
+    tokio::pin!(server);
+    // The in-process worker ending before shutdown means no turn will ever finish:
+    // stop serving and exit non-zero rather than answer 504 forever.
+    tokio::select! {
+        served = &mut server => {
+            served?;
+            worker.await.context("in-process worker")??;
+            Ok(())
         }
-        Command::Worker {
-            generator,
-            concurrency,
-            echo_delay_ms,
-        } => {
-            let mut settings = settings.clone();
-            if let Some(c) = concurrency {
-                settings.concurrency = c;
-            }
-            run_worker(settings, generator, echo_delay_ms).await?;
-        }
-        Command::Enqueue {
-            session,
-            user,
-            character,
-            message,
-            idempotency_key,
-        } => {
-            let pool = db::connect(&url()?, 1).await?;
-            let id = queue::enqueue(
-                &pool,
-                &session,
-                &user,
-                character,
-                &message,
-                idempotency_key.as_deref(),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("{}", db_message(&e)))?;
-            println!("{id}");
-        }
-        Command::Digest { session, store } => {
-            let pool = db::connect(&url()?, 1).await?;
-            let tok = token_counter(&settings)?;
-            let max = settings.digest_max_tokens as usize;
-            let built = if store {
-                kvmem::digest::rebuild(
-                    &pool,
-                    &session,
-                    max,
-                    tok.as_ref(),
-                    &kvmem::metrics::global(),
-                )
-                .await?
-                .0
-            } else {
-                kvmem::digest::build_for(&pool, &session, max, tok.as_ref()).await?
-            };
-            println!("{}\n{}", built.version, built.content);
-        }
-        Command::Serve {
-            listen,
-            no_worker,
-            generator,
-        } => {
-            // Before anything is loaded: an exposed server without a token must not start.
-            let addr: std::net::SocketAddr = tokio::net::lookup_host(&listen)
-                .await
-                .with_context(|| format!("resolving {listen}"))?
-                .next()
-                .with_context(|| format!("{listen} resolves to no address"))?;
-            kvmem::http::check_exposure(&addr, &settings).map_err(anyhow::Error::msg)?;
-            let settings = Arc::new(settings.clone());
-            let pool = db::connect(&url()?, settings.concurrency + 8).await?;
-            db::migrate(&pool).await?;
-            let shutdown = shutdown_on_signal();
-            let worker = if no_worker {
-                None
-            } else {
-                let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-                Some(tokio::spawn(worker::run(deps, shutdown.clone())))
-            };
-            let model_sha = match &settings.model_path {
-                Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
-                None => String::new(),
-            };
-            let listener = tokio::net::TcpListener::bind(&listen)
-                .await
-                .with_context(|| format!("binding {listen}"))?;
-            tracing::info!(%listen, "kvserver listening");
-            let memory = kvmem::memory::MemoryService::new(
-                pool.clone(),
-                kvmem::memory::MemoryConfig::from_settings(&settings)?,
-            )
-            .await;
-            let state =
-                kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
-            let server = kvmem::http::serve(listener, state, shutdown.clone());
-            let Some(mut worker) = worker else {
-                server.await?;
-                return Ok(());
-            };
-            tokio::pin!(server);
-            // The in-process worker ending before shutdown means no turn will ever finish:
-            // stop serving and exit non-zero rather than answer 504 forever.
-            tokio::select! {
-                served = &mut server => {
-                    served?;
-                    worker.await.context("in-process worker")??;
-                }
-                ended = &mut worker => {
-                    shutdown.cancel();
-                    server.await?;
-                    ended.context("in-process worker")??;
-                    anyhow::bail!("the in-process worker stopped while the server was still serving");
-                }
-            }
-        }
-        Command::Replay {
-            session,
-            scenes,
-            report,
-            check,
-            no_worker,
-            generator,
-            timeout_s,
-        } => {
-            let mut replay_settings = settings.clone();
-            replay_settings.lanes = vec!["replay".into()];
-            let settings = Arc::new(replay_settings);
-            let pool = db::connect(&url()?, settings.concurrency + 4).await?;
-            db::migrate(&pool).await?;
-            let mut all = kvmem::replay::scenes_from_db(&pool, &session).await?;
-            if let Some(path) = scenes {
-                all.extend(kvmem::replay::scenes_from_jsonl(&path)?);
-            }
-            anyhow::ensure!(
-                !all.is_empty(),
-                "nothing to replay: give --session or --scenes"
-            );
-            let shutdown = CancellationToken::new();
-            let worker = if no_worker {
-                None
-            } else {
-                let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-                Some(tokio::spawn(worker::run(deps, shutdown.clone())))
-            };
-            let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
-            let result =
-                kvmem::replay::run(&pool, &all, &run_id, Duration::from_secs(timeout_s), true)
-                    .await;
+        ended = &mut worker => {
+            // On a signal the worker may finish first: that is a clean stop.
+            let asked = shutdown.is_cancelled();
             shutdown.cancel();
-            if let Some(w) = worker {
-                let _ = w.await;
+            server.await?;
+            ended.context("in-process worker")??;
+            if asked {
+                return Ok(());
             }
-            let result = result?;
-            std::fs::write(&report, serde_json::to_string_pretty(&result)?)?;
-            print!("{}", kvmem::replay::summary(&result));
-            println!("report: {}", report.display());
-            if check && (result.divergences > 0 || result.failures > 0) {
-                anyhow::bail!(
-                    "replay check failed: {} diverged, {} failed",
-                    result.divergences,
-                    result.failures
-                );
-            }
-        }
-        Command::Status { watch } => {
-            let pool = db::connect(&url()?, 1).await?;
-            loop {
-                let text = status::report(&pool).await?;
-                if watch.is_some() {
-                    print!("\x1b[2J\x1b[H");
-                }
-                print!("{text}");
-                match watch {
-                    Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,
-                    None => break,
-                }
-            }
+            anyhow::bail!("the in-process worker stopped while the server was still serving");
         }
     }
+}
+
+async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
+    let mut replay_settings = settings;
+    replay_settings.lanes = vec!["replay".into()];
+    let settings = Arc::new(replay_settings);
+    let pool = system::database(&settings, settings.concurrency + 4).await?;
+    let mut all = kvmem::cmd::replay::scenes_from_db(&pool, &args.session).await?;
+    if let Some(path) = &args.scenes {
+        all.extend(kvmem::cmd::replay::scenes_from_jsonl(path)?);
+    }
+    anyhow::ensure!(
+        !all.is_empty(),
+        "nothing to replay: give --session or --scenes"
+    );
+    let shutdown = CancellationToken::new();
+    let worker =
+        in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
+    let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
+    let timeout = Duration::from_secs(args.timeout_s);
+    let result = kvmem::cmd::replay::run(&pool, &all, &run_id, timeout, true).await;
+    shutdown.cancel();
+    if let Some(w) = worker {
+        let _ = w.await;
+    }
+    let result = result?;
+    std::fs::write(&args.report, serde_json::to_string_pretty(&result)?)?;
+    print!("{}", kvmem::cmd::replay::summary(&result));
+    println!("report: {}", args.report.display());
+    if args.check && (result.divergences > 0 || result.failures > 0) {
+        anyhow::bail!(
+            "replay check failed: {} diverged, {} failed",
+            result.divergences,
+            result.failures
+        );
+    }
     Ok(())
+}
+
+async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<()> {
+    let pool = db::connect(settings.database_url()?, 1).await?;
+    loop {
+        let text = status::report(&pool).await?;
+        if watch.is_some() {
+            print!("\x1b[2J\x1b[H");
+        }
+        print!("{text}");
+        match watch {
+            Some(secs) => tokio::time::sleep(Duration::from_secs(secs.max(1))).await,
+            None => return Ok(()),
+        }
+    }
 }
 
 /// The database's own message for a raised error (our `kvmem: ...` texts), else the whole error.
@@ -320,14 +329,14 @@ fn db_message(e: &queue::QueueError) -> String {
 }
 
 /// The model's tokenizer when a model is configured, else the word counter.
-fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::tokens::TokenCount>> {
+fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::context::tokens::TokenCount>> {
     Ok(match &settings.model_path {
         Some(path) => Arc::new(Engine::load(
             path,
             settings.model_sha.as_deref(),
             EngineParams::from_settings(settings),
         )?),
-        None => Arc::new(kvmem::tokens::WordCount),
+        None => Arc::new(kvmem::context::tokens::WordCount),
     })
 }
 
@@ -338,47 +347,30 @@ async fn build_deps(
     kind: GeneratorKind,
     echo_delay_ms: u64,
 ) -> Result<Deps> {
-    let generator = match kind {
-        GeneratorKind::Echo => Generator::Echo {
+    let model = match kind {
+        GeneratorKind::Echo => Model::Echo {
             delay: Duration::from_millis(echo_delay_ms),
         },
-        GeneratorKind::Llama => {
-            let path: PathBuf = settings
-                .model_path
-                .clone()
-                .context("KVMEM_MODEL_PATH is not set (run ops/fetch-model for SmolLM2)")?;
-            let params = EngineParams::from_settings(&settings);
-            let pinned = settings.model_sha.clone();
-            let engine =
-                tokio::task::spawn_blocking(move || Engine::load(&path, pinned.as_deref(), params))
-                    .await??;
-            tracing::info!(model_sha = %engine.model_sha, model = %engine.model_path.display(), "model loaded");
-            if settings.concurrency > settings.engine_slots {
-                tracing::warn!(
-                    "concurrency above engine_slots: extra turns wait for a free context"
-                );
-            }
-            let pipeline = TurnPipeline::new(Arc::new(engine), settings.clone())?;
-            Generator::Llama(Arc::new(pipeline))
-        }
+        GeneratorKind::Llama => Model::Llama(system::load_model(&settings).await?),
     };
-    Ok(Deps {
+    Ok(system::deps(
         pool,
         settings,
-        generator,
-        worker_id: worker::new_worker_id(),
-        metrics: kvmem::metrics::global(),
-    })
+        model,
+        runner::new_worker_id(),
+        kvmem::metrics::global(),
+    )?)
 }
 
 async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64) -> Result<()> {
     // Signals first: a SIGTERM while connecting or loading the model is a clean exit too.
     let shutdown = shutdown_on_signal();
     let settings = Arc::new(settings);
-    let pool = db::connect(settings.database_url()?, settings.concurrency + 4).await?;
-    db::migrate(&pool).await.context("migrating before start")?;
+    let pool = system::database(&settings, settings.concurrency + 4)
+        .await
+        .context("connecting and migrating before start")?;
     let deps = build_deps(settings, pool, kind, echo_delay_ms).await?;
-    worker::run(deps, shutdown).await?;
+    runner::run(deps, shutdown).await?;
     Ok(())
 }
 

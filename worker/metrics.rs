@@ -1,6 +1,7 @@
 //! Prometheus metrics. Counters and histograms are observed in-process as turns finish;
 //! queue depth is read from Postgres at scrape time, so it is the same from any process.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -20,6 +21,17 @@ struct StatusLabel {
 struct QueueLabel {
     state: String,
     lane: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LookupLabel {
+    cache: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabel {
+    cache: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,12 +127,12 @@ impl Metrics {
             "Turns by state and lane, read from Postgres at scrape",
             m.queue_depth.clone(),
         );
-        crate::summary::cache::register(&mut registry);
+        register_summary_caches(&mut registry);
         Metrics { registry, ..m }
     }
 
     /// A finished attempt, as logged.
-    pub fn turn(&self, log: &crate::kvlog::KvLog) {
+    pub fn turn(&self, log: &crate::turn::log::KvLog) {
         self.turns
             .get_or_create(&StatusLabel {
                 status: log.status.to_string(),
@@ -157,7 +169,7 @@ impl Metrics {
     /// Refreshes the queue gauges from Postgres and renders the text exposition format.
     pub async fn render(&self, pool: &PgPool) -> Result<String, sqlx::Error> {
         let rows: Vec<(String, String, i64)> =
-            sqlx::query_as("SELECT state::text, lane, turns FROM kvmem_queue_stats")
+            sqlx::query_as(include_str!("../sql/metrics/queue_stats.sql"))
                 .fetch_all(pool)
                 .await?;
         for (state, lane, n) in rows {
@@ -170,4 +182,55 @@ impl Metrics {
             .map_err(|e| sqlx::Error::Protocol(format!("metrics encoding: {e}")))?;
         Ok(out)
     }
+}
+
+/// Seed 004's summary caches live in every summary service of the process, so their
+/// lookups are counted process-wide and every registry reports the same figures.
+struct SummaryCaches {
+    lookups: Family<LookupLabel, Counter>,
+    hit_ratio: Family<CacheLabel, Gauge<f64, AtomicU64>>,
+}
+
+fn summary_caches() -> &'static SummaryCaches {
+    static STATS: OnceLock<SummaryCaches> = OnceLock::new();
+    STATS.get_or_init(|| SummaryCaches {
+        lookups: Family::default(),
+        hit_ratio: Family::default(),
+    })
+}
+
+/// One lookup of summary cache `cache`, answered from `result` (memory, db or computed),
+/// and that cache's refreshed hit ratio (memory or db over all lookups).
+pub fn summary_cache_lookup(cache: &str, result: &str) {
+    let s = summary_caches();
+    let counter = |result: &str| {
+        s.lookups
+            .get_or_create(&LookupLabel {
+                cache: cache.into(),
+                result: result.into(),
+            })
+            .clone()
+    };
+    counter(result).inc();
+    let hits = counter("memory").get() + counter("db").get();
+    let all = hits + counter("computed").get();
+    s.hit_ratio
+        .get_or_create(&CacheLabel {
+            cache: cache.into(),
+        })
+        .set(hits as f64 / all.max(1) as f64);
+}
+
+fn register_summary_caches(registry: &mut Registry) {
+    let s = summary_caches();
+    registry.register(
+        "summary_cache_lookups",
+        "Summary cache lookups by cache and where they were answered (memory, db, computed)",
+        s.lookups.clone(),
+    );
+    registry.register(
+        "summary_cache_hit_ratio",
+        "Summary cache hits (memory or db) over lookups, by cache, this process",
+        s.hit_ratio.clone(),
+    );
 }

@@ -27,7 +27,5 @@ WITH input AS (
     INSERT INTO events (session_id, turn_id, kind)
     SELECT session_id, id, 'completed' FROM done
 )
-SELECT d.id,
-       pg_notify('kvmem_turn_done',
-                 json_build_object('turn_id', d.id, 'session_id', d.session_id, 'state', 'done')::text)::text AS notified
+SELECT d.id, kvmem_notify_turn_done(d.id, d.session_id, 'done')::text AS notified
   FROM done d

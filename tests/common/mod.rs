@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams};
-use kvmem::generator::Generator;
-use kvmem::pipeline::TurnPipeline;
-use kvmem::worker::{process_next_turn, Deps, Outcome};
+use kvmem::runner::{process_next_turn, Deps, Outcome};
+use kvmem::system::Model;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -75,15 +74,26 @@ pub async fn character(pool: &PgPool, user: &str, name: &str) -> i64 {
 
 /// Deps with the echo generator (queue-mechanics tests only).
 pub fn echo_deps(pool: &PgPool, settings: Settings, worker_id: &str) -> Deps {
-    Deps {
-        pool: pool.clone(),
-        settings: Arc::new(settings),
-        generator: Generator::Echo {
+    deps(
+        pool,
+        settings,
+        Model::Echo {
             delay: Duration::ZERO,
         },
-        worker_id: worker_id.to_string(),
-        metrics: Arc::new(kvmem::metrics::Metrics::new()),
-    }
+        worker_id,
+    )
+}
+
+/// Deps built the way `kvmem worker` builds them, counted in a registry of their own.
+pub fn deps(pool: &PgPool, settings: Settings, model: Model, worker_id: &str) -> Deps {
+    kvmem::system::deps(
+        pool.clone(),
+        Arc::new(settings),
+        model,
+        worker_id.to_string(),
+        Arc::new(kvmem::metrics::Metrics::new()),
+    )
+    .expect("system deps")
 }
 
 /// Runs turns until the queue has nothing runnable; returns the outcomes.
@@ -139,15 +149,7 @@ pub fn load_engine(path: &std::path::Path, settings: &Settings) -> Arc<Engine> {
 
 /// Deps running the real pipeline on `model`.
 pub fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>, worker_id: &str) -> Deps {
-    let settings = Arc::new(settings);
-    let pipeline = TurnPipeline::new(engine, settings.clone()).expect("pipeline");
-    Deps {
-        pool: pool.clone(),
-        settings,
-        generator: Generator::Llama(Arc::new(pipeline)),
-        worker_id: worker_id.to_string(),
-        metrics: Arc::new(kvmem::metrics::Metrics::new()),
-    }
+    deps(pool, settings, Model::Llama(engine), worker_id)
 }
 
 /// The latest turn_log row for a turn, as (loaded, cold, digest_injected, tokens_in_kv, digest_version, status).

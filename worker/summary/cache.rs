@@ -4,17 +4,11 @@
 //! where it was answered (memory, Postgres, computed) and the hit rates go to `/metrics`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDate;
 use moka::sync::Cache;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 /// user id → that user's summary for one day.
@@ -76,70 +70,10 @@ impl Source {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LookupLabel {
-    cache: String,
-    result: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CacheLabel {
-    cache: String,
-}
-
-struct Stats {
-    lookups: Family<LookupLabel, Counter>,
-    hit_ratio: Family<CacheLabel, Gauge<f64, AtomicU64>>,
-}
-
-fn stats() -> &'static Stats {
-    static STATS: OnceLock<Stats> = OnceLock::new();
-    STATS.get_or_init(|| Stats {
-        lookups: Family::default(),
-        hit_ratio: Family::default(),
-    })
-}
-
-/// Counts one lookup of `cache` and refreshes its hit ratio (memory or Postgres hits over
-/// all lookups, this process).
+/// Counts one lookup of `cache` by where it was answered; `/metrics` shows the counts and
+/// hit ratios ([`crate::metrics::summary_cache_lookup`]).
 pub fn record(cache: &str, source: Source) {
-    let s = stats();
-    let count = |result: &str| {
-        s.lookups
-            .get_or_create(&LookupLabel {
-                cache: cache.into(),
-                result: result.into(),
-            })
-            .get()
-    };
-    s.lookups
-        .get_or_create(&LookupLabel {
-            cache: cache.into(),
-            result: source.as_str().into(),
-        })
-        .inc();
-    let hits = count("memory") + count("db");
-    let all = hits + count("computed");
-    s.hit_ratio
-        .get_or_create(&CacheLabel {
-            cache: cache.into(),
-        })
-        .set(hits as f64 / all.max(1) as f64);
-}
-
-/// Registers the summary cache counters in a metrics registry (`/metrics`).
-pub fn register(registry: &mut Registry) {
-    let s = stats();
-    registry.register(
-        "summary_cache_lookups",
-        "Summary cache lookups by cache and where they were answered (memory, db, computed)",
-        s.lookups.clone(),
-    );
-    registry.register(
-        "summary_cache_hit_ratio",
-        "Summary cache hits (memory or db) over lookups, by cache, this process",
-        s.hit_ratio.clone(),
-    );
+    crate::metrics::summary_cache_lookup(cache, source.as_str());
 }
 
 /// A short content hash for merge keys.

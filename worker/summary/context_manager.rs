@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::tokens::TokenCount;
+use crate::context::tokens::TokenCount;
 
 /// Seed 003: compact when `recent_history` is longer than this...
 pub const MAX_RECENT_HISTORY: usize = 50;

@@ -163,31 +163,25 @@ impl SummaryService {
 }
 
 /// The service a llama worker runs its summary lane with: the configured summary model, or
-/// else the chat model's weights shared with the turn pipeline (a context of its own).
-/// `None` when `summary_lane` is off.
-pub async fn worker_service(deps: &crate::worker::Deps) -> Option<SummaryService> {
-    if !deps.settings.summary_lane {
-        return None;
-    }
-    let shared = match (&deps.generator, &deps.settings.summary_model_path) {
-        (crate::generator::Generator::Llama(p), None) => Some(p.engine().clone()),
-        _ => None,
-    };
+/// else `chat_engine`, the chat model's weights shared with the turn pipeline (a context of
+/// its own). The runner passes the engine in, so this layer never knows the runner.
+pub async fn worker_service(
+    pool: PgPool,
+    settings: &Settings,
+    chat_engine: Option<Arc<Engine>>,
+) -> SummaryService {
+    let shared = chat_engine.filter(|_| settings.summary_model_path.is_none());
     let Some(engine) = shared else {
-        return Some(SummaryService::load(deps.pool.clone(), &deps.settings).await);
+        return SummaryService::load(pool, settings).await;
     };
-    let config = SummaryConfig::from_settings(&deps.settings);
-    match SummaryService::with_engine(deps.pool.clone(), config.clone(), engine) {
-        Ok(svc) => Some(svc),
+    let config = SummaryConfig::from_settings(settings);
+    match SummaryService::with_engine(pool.clone(), config.clone(), engine) {
+        Ok(svc) => svc,
         Err(e) => {
             tracing::warn!(error = %e, "summary context not created; summaries degrade");
-            event(
-                &deps.pool,
-                "summary_model_unavailable",
-                serde_json::json!({"reason": e.to_string()}),
-            )
-            .await;
-            Some(SummaryService::new(deps.pool.clone(), config, None))
+            let detail = serde_json::json!({"reason": e.to_string()});
+            event(&pool, "summary_model_unavailable", detail).await;
+            SummaryService::new(pool, config, None)
         }
     }
 }

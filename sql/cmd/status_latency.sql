@@ -1,0 +1,2 @@
+-- Status: turn latency percentiles.
+SELECT turns, p50_ms, p95_ms FROM kvmem_latency

@@ -1,0 +1,243 @@
+//! `kvmem demo`: seed 000's 10-turn runbook scene, end to end on a real model and a real
+//! Postgres, so a newcomer sees the warm/cold and digest pattern in one command.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use sqlx::{PgPool, Row};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::queue::{self, TurnId};
+use crate::runner;
+use crate::system::Model;
+use crate::turn::short_sha;
+
+/// The scene: ten user turns; a conflict starts before turn 4.
+const SCENE: [&str; 10] = [
+    "We just landed at the outpost. What do you see?",
+    "Any sign of the merchant convoy?",
+    "Check our supplies, please.",
+    "The Merchant Guild declared war on us. What now?",
+    "Should we ask the Tech Syndicate for help?",
+    "How much do we still owe the First Bank?",
+    "Plan the route through the canyon.",
+    "A scout reports guild ships nearby. Orders?",
+    "Are you ready for a fight?",
+    "Summarise our situation in one sentence.",
+];
+
+/// Where the repository's `ops/` scripts are (the demo uses them for Postgres and the model).
+fn ops_dir() -> PathBuf {
+    let here = Path::new("ops");
+    if here.join("pg").exists() {
+        return here.to_path_buf();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("ops")
+}
+
+/// A throwaway cluster the demo started, stopped on drop.
+struct DemoPg {
+    dir: String,
+}
+
+impl DemoPg {
+    fn start() -> Result<(DemoPg, String)> {
+        let dir = format!("/tmp/kvmem-demo-pg-{}", std::process::id());
+        let out = Command::new(ops_dir().join("pg"))
+            .arg("start")
+            .env_remove("DATABASE_URL")
+            .env("KVMEM_PG_DIR", &dir)
+            .env("KVMEM_PG_PORT", "54339")
+            .output()
+            .context("running ops/pg start")?;
+        if !out.status.success() {
+            bail!(
+                "ops/pg start failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let url = text
+            .trim()
+            .strip_prefix("export DATABASE_URL='")
+            .and_then(|s| s.strip_suffix('\''))
+            .context("ops/pg start printed no URL")?
+            .to_string();
+        Ok((DemoPg { dir }, url))
+    }
+}
+
+impl Drop for DemoPg {
+    fn drop(&mut self) {
+        let _ = Command::new(ops_dir().join("pg"))
+            .arg("stop")
+            .env("KVMEM_PG_DIR", &self.dir)
+            .env("KVMEM_PG_PORT", "54339")
+            .output();
+    }
+}
+
+fn model_path(settings: &Settings) -> Result<PathBuf> {
+    if let Some(p) = &settings.model_path {
+        return Ok(p.clone());
+    }
+    eprintln!("demo: fetching SmolLM2-135M-Instruct (ops/fetch-model)");
+    let out = Command::new(ops_dir().join("fetch-model"))
+        .output()
+        .context("running ops/fetch-model")?;
+    if !out.status.success() {
+        bail!(
+            "ops/fetch-model failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(PathBuf::from(text.lines().last().unwrap_or("").trim()))
+}
+
+/// Runs the scene. Leaves nothing running: the worker stops, a cluster it started is removed.
+pub async fn run(settings: Settings) -> Result<()> {
+    let (_pg, url) = match settings.database_url.clone().filter(|u| !u.is_empty()) {
+        Some(url) => (None, url),
+        None => {
+            eprintln!("demo: DATABASE_URL unset; starting a throwaway Postgres");
+            let (pg, url) = DemoPg::start()?;
+            (Some(pg), url)
+        }
+    };
+    let kv_dir = tempfile_dir()?;
+    let settings = settings.with(serde_json::json!({ "kv_dir": kv_dir, "database_url": url }))?;
+    let model = model_path(&settings)?;
+    let settings = Arc::new(settings.with(serde_json::json!({ "model_path": model }))?);
+    let pool = crate::system::database(&settings, 8).await?;
+    let engine = crate::system::load_model(&settings).await?;
+    eprintln!(
+        "demo: model {} (sha256 {})",
+        engine.model_path.display(),
+        short_sha(&engine.model_sha)
+    );
+    let deps = crate::system::deps(
+        pool.clone(),
+        settings.clone(),
+        Model::Llama(engine),
+        runner::new_worker_id(),
+        crate::metrics::global(),
+    )?;
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
+    let result = scene(&pool).await;
+    shutdown.cancel();
+    let _ = handle.await;
+    let _ = std::fs::remove_dir_all(&kv_dir);
+    let sid = result?;
+    println!("\n{}", summary(&pool, &sid).await?);
+    pool.close().await;
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("kvmem-demo-kv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn scene(pool: &PgPool) -> Result<String> {
+    let sid = format!("demo_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
+    let user = "demo_user";
+    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
+        .fetch_one(pool)
+        .await?;
+    let ch: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
+        .bind(user)
+        .bind(eq)
+        .fetch_one(pool)
+        .await?;
+    for (t, key, value) in [
+        ("alliance", "tech_syndicate", "Tech Syndicate partnership"),
+        ("debt", "first_bank", "Owes 500 credits to First Bank"),
+    ] {
+        sqlx::query(include_str!("../../sql/cmd/demo_fact.sql"))
+            .bind(&sid)
+            .bind(t)
+            .bind(key)
+            .bind(value)
+            .execute(pool)
+            .await?;
+    }
+    for (i, msg) in SCENE.iter().enumerate() {
+        if i == 3 {
+            // Seed 000's "Start Conflict" SQL.
+            sqlx::query(include_str!("../../sql/cmd/demo_conflict.sql"))
+                .bind(&sid)
+                .execute(pool)
+                .await?;
+            eprintln!("demo: state change before T4: conflict 'merchant_war' started");
+        }
+        let id = queue::enqueue(pool, &sid, user, ch, msg, None).await?;
+        let reply = wait_done(pool, id).await?;
+        eprintln!("T{} user: {msg}\nT{} reply: {}", i + 1, i + 1, reply.trim());
+    }
+    Ok(sid)
+}
+
+async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    loop {
+        let row = sqlx::query(include_str!("../../sql/cmd/demo_turn_state.sql"))
+            .bind(id.0)
+            .fetch_one(pool)
+            .await?;
+        let state: String = row.try_get("state")?;
+        match state.as_str() {
+            "done" => {
+                return Ok(row
+                    .try_get::<Option<String>, _>("reply")?
+                    .unwrap_or_default())
+            }
+            "failed" | "dead" => bail!(
+                "turn {id} {state}: {:?}",
+                row.try_get::<Option<String>, _>("error")?
+            ),
+            _ if std::time::Instant::now() > deadline => {
+                bail!("turn {id} did not finish in 10 minutes")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// The readable table: one row per turn.
+pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
+    let rows = sqlx::query(include_str!("../../sql/cmd/demo_turn_logs.sql"))
+        .bind(sid)
+        .fetch_all(pool)
+        .await?;
+    let mut out = String::new();
+    let _ = writeln!(out, "| turn | start | digest_injected | digest_version | tokens_in_kv | kv_bytes | ttft_ms | latency_ms |");
+    let _ = writeln!(out, "|---:|---|---|---|---:|---:|---:|---:|");
+    for (i, r) in rows.iter().enumerate() {
+        let version: String = r.try_get("digest_version")?;
+        let _ = writeln!(
+            out,
+            "| T{} | {} | {} | {} | {} | {} | {} | {} |",
+            i + 1,
+            if r.try_get::<bool, _>("cold")? {
+                "cold"
+            } else {
+                "warm"
+            },
+            r.try_get::<bool, _>("digest_injected")?,
+            short_sha(&version),
+            r.try_get::<i32, _>("tokens_in_kv")?,
+            r.try_get::<i64, _>("kv_bytes")?,
+            r.try_get::<i32, _>("ttft_ms")?,
+            r.try_get::<i32, _>("latency_ms")?
+        );
+    }
+    Ok(out)
+}

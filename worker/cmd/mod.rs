@@ -1,0 +1,6 @@
+//! The commands a person runs besides the worker itself: the demo, batch replay and the
+//! queue status report. Each is a library function so tests drive them directly.
+
+pub mod demo;
+pub mod replay;
+pub mod status;

@@ -1,0 +1,263 @@
+//! Batch replay: re-run recorded sessions' user messages into fresh sessions on the
+//! `replay` lane and compare the replies. With greedy decoding and the same model and
+//! config, replies must be identical, so replay is the regression test for a model or
+//! config change.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgPool, Row};
+
+use crate::queue::{self, QueueError};
+
+/// One session to replay.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Scene {
+    /// The recorded session id (or a name for a JSONL scene).
+    pub session_id: String,
+    pub user_id: String,
+    pub character_id: i64,
+    pub messages: Vec<String>,
+    /// The recorded replies, when known, to compare against.
+    #[serde(default)]
+    pub replies: Vec<String>,
+}
+
+/// One replayed turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct TurnReport {
+    pub source_session: String,
+    pub replay_session: String,
+    pub index: usize,
+    pub turn_id: i64,
+    pub state: String,
+    pub latency_ms: Option<i32>,
+    pub cold: Option<bool>,
+    pub original: Option<String>,
+    pub reply: Option<String>,
+    /// `None` when there is no recorded reply to compare with.
+    pub identical: Option<bool>,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub run_id: String,
+    pub turns: Vec<TurnReport>,
+    pub divergences: usize,
+    pub failures: usize,
+    pub elapsed_s: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("queue: {0}")]
+    Queue(#[from] QueueError),
+    #[error("reading scenes: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("scene file line {line}: {error}")]
+    Parse { line: usize, error: String },
+    #[error("session {0} has no recorded turns")]
+    UnknownSession(String),
+    #[error("replay did not finish within {0} s")]
+    Timeout(u64),
+}
+
+/// Reads recorded sessions from the database: their done turns, in order.
+pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Scene>, ReplayError> {
+    let mut scenes = Vec::new();
+    for sid in sessions {
+        let rows = sqlx::query(include_str!("../../sql/cmd/replay_source_turns.sql"))
+            .bind(sid)
+            .fetch_all(pool)
+            .await?;
+        let first = rows
+            .first()
+            .ok_or_else(|| ReplayError::UnknownSession(sid.clone()))?;
+        scenes.push(Scene {
+            session_id: sid.clone(),
+            user_id: first.try_get("user_id")?,
+            character_id: first.try_get("character_id")?,
+            messages: rows
+                .iter()
+                .map(|r| r.try_get("message"))
+                .collect::<Result<_, _>>()?,
+            replies: rows
+                .iter()
+                .map(|r| {
+                    r.try_get::<Option<String>, _>("reply")
+                        .map(Option::unwrap_or_default)
+                })
+                .collect::<Result<_, _>>()?,
+        });
+    }
+    Ok(scenes)
+}
+
+/// Reads scenes from JSONL: one `Scene` object per line.
+pub fn scenes_from_jsonl(path: &Path) -> Result<Vec<Scene>, ReplayError> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| ReplayError::Parse {
+                line: i + 1,
+                error: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Queues every scene into a new session on the replay lane, waits for the workers, and
+/// compares. The source session's current facts are copied, so the digest matches.
+pub async fn run(
+    pool: &PgPool,
+    scenes: &[Scene],
+    run_id: &str,
+    timeout: Duration,
+    progress: bool,
+) -> Result<Report, ReplayError> {
+    let started = Instant::now();
+    let mut queued = Vec::new();
+    for scene in scenes {
+        let target = format!("replay:{run_id}:{}", scene.session_id);
+        sqlx::query(include_str!("../../sql/cmd/replay_copy_facts.sql"))
+            .bind(&scene.session_id)
+            .bind(&target)
+            .execute(pool)
+            .await?;
+        for (i, msg) in scene.messages.iter().enumerate() {
+            let key = format!("{target}:{i}");
+            let id = queue::enqueue_on(
+                pool,
+                &target,
+                &scene.user_id,
+                scene.character_id,
+                msg,
+                Some(&key),
+                "replay",
+            )
+            .await?;
+            queued.push((scene, target.clone(), i, id));
+        }
+    }
+    let ids: Vec<i64> = queued.iter().map(|q| q.3 .0).collect();
+    let bar = if progress {
+        ProgressBar::new(ids.len() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("replay {bar:40} {pos}/{len} turns ({elapsed}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    loop {
+        let finished: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/replay_finished.sql"))
+            .bind(&ids)
+            .fetch_one(pool)
+            .await?;
+        bar.set_position(finished as u64);
+        if finished as usize == ids.len() {
+            break;
+        }
+        if started.elapsed() > timeout {
+            bar.abandon();
+            return Err(ReplayError::Timeout(timeout.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bar.finish();
+    let mut turns = Vec::new();
+    for (scene, target, i, id) in queued {
+        let row = sqlx::query(include_str!("../../sql/cmd/replay_turn_result.sql"))
+            .bind(id.0)
+            .fetch_one(pool)
+            .await?;
+        let reply: Option<String> = row.try_get("reply")?;
+        let original = scene.replies.get(i).cloned();
+        turns.push(TurnReport {
+            source_session: scene.session_id.clone(),
+            replay_session: target,
+            index: i,
+            turn_id: id.0,
+            state: row.try_get("state")?,
+            latency_ms: row.try_get("latency_ms")?,
+            cold: row.try_get("cold")?,
+            identical: original.as_ref().map(|o| Some(o) == reply.as_ref()),
+            original,
+            reply,
+        });
+    }
+    Ok(Report {
+        run_id: run_id.to_string(),
+        divergences: turns.iter().filter(|t| t.identical == Some(false)).count(),
+        failures: turns.iter().filter(|t| t.state != "done").count(),
+        turns,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A readable summary: one line per turn, and where diverging replies first differ.
+pub fn summary(report: &Report) -> String {
+    let mut out = format!(
+        "replay {}: {} turns, {} identical, {} diverged, {} failed, {:.1} s\n",
+        report.run_id,
+        report.turns.len(),
+        report
+            .turns
+            .iter()
+            .filter(|t| t.identical == Some(true))
+            .count(),
+        report.divergences,
+        report.failures,
+        report.elapsed_s
+    );
+    out.push_str(
+        "| session | turn | state | start | latency_ms | reply |\n|---|---:|---|---|---:|---|\n",
+    );
+    for t in &report.turns {
+        let verdict = match t.identical {
+            Some(true) => "identical".to_string(),
+            Some(false) => format!(
+                "DIFFERS at char {}",
+                first_difference(
+                    t.original.as_deref().unwrap_or(""),
+                    t.reply.as_deref().unwrap_or("")
+                )
+            ),
+            None => "no original".to_string(),
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            t.source_session,
+            t.index + 1,
+            t.state,
+            match t.cold {
+                Some(true) => "cold",
+                Some(false) => "warm",
+                None => "-",
+            },
+            t.latency_ms.map_or("-".into(), |l| l.to_string()),
+            verdict
+        ));
+    }
+    for t in report.turns.iter().filter(|t| t.identical == Some(false)) {
+        out.push_str(&format!(
+            "\n{} turn {}:\n- original: {:?}\n+ replay:   {:?}\n",
+            t.source_session,
+            t.index + 1,
+            t.original.as_deref().unwrap_or(""),
+            t.reply.as_deref().unwrap_or("")
+        ));
+    }
+    out
+}
+
+fn first_difference(a: &str, b: &str) -> usize {
+    a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count()
+}

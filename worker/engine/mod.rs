@@ -1,0 +1,254 @@
+//! llama.cpp behind a safe seam: the model is loaded once per process, each context lives
+//! on its own OS thread, and a [`KvSession`] tracks which tokens and segments the KV holds
+//! so pruning, ephemeral spans and snapshots stay exact.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use sha2::{Digest, Sha256};
+
+use crate::config::{KvType, Settings};
+
+mod frame;
+pub mod pool;
+mod session;
+
+pub use frame::{Block, ChatFrame};
+pub use pool::EnginePool;
+pub use session::{GenStats, KvSession};
+
+/// The llama.cpp build whose state format snapshots carry (pinned in Cargo.lock).
+pub const LLAMA_BUILD: &str = "llama-cpp-sys-2/0.1.161";
+
+/// The KV sequence kvmem uses; one session per context.
+pub(crate) const SEQ: i32 = 0;
+
+/// Engine failures. Model problems are fatal at start-up; decode failures fail one turn.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("model file {path}: {problem}")]
+    Model { path: PathBuf, problem: String },
+    #[error("model file {path} has SHA-256 {actual}, but MODEL_SHA pins {expected}")]
+    ShaMismatch {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("the model's chat template cannot frame a turn: {0}")]
+    Template(String),
+    #[error("llama.cpp context: {0}")]
+    Context(String),
+    #[error("decode failed: {0}")]
+    Decode(String),
+    #[error("KV state restore was refused by llama.cpp (other KV type or corrupt state)")]
+    RestoreRefused,
+    #[error("aborted")]
+    Aborted,
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Context and sampling parameters taken from [`Settings`].
+#[derive(Debug, Clone)]
+pub struct EngineParams {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_threads: i32,
+    pub kv_type: KvType,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: i32,
+}
+
+impl EngineParams {
+    pub fn from_settings(s: &Settings) -> EngineParams {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as i32);
+        EngineParams {
+            n_ctx: s.n_ctx,
+            n_batch: s.n_batch.max(1),
+            n_threads: if s.n_threads == 0 {
+                cores
+            } else {
+                s.n_threads as i32
+            },
+            kv_type: s.kv_type,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            seed: s.sampling_seed,
+            repeat_penalty: s.repeat_penalty,
+            repeat_last_n: s.repeat_last_n,
+        }
+    }
+}
+
+/// A loaded model and what is needed to frame turns for it. Shared by all engine threads.
+pub struct Engine {
+    model: &'static LlamaModel,
+    pub model_sha: String,
+    pub model_path: PathBuf,
+    pub params: EngineParams,
+    pub frame: ChatFrame,
+}
+
+/// The process-wide llama.cpp backend (also used by the memory embedder).
+pub fn backend() -> Result<&'static LlamaBackend> {
+    // llama.cpp's backend is process-global and may be initialised only once.
+    static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| EngineError::Context(e.clone()))
+}
+
+/// SHA-256 of a file, streamed.
+pub fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h)?;
+    Ok(hex::encode(h.finalize()))
+}
+
+impl Engine {
+    /// Loads the model once. Refuses a file whose hash differs from `MODEL_SHA`.
+    pub fn load(path: &Path, pinned_sha: Option<&str>, params: EngineParams) -> Result<Engine> {
+        let model_err = |problem: String| EngineError::Model {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let sha = file_sha256(path).map_err(|e| model_err(e.to_string()))?;
+        if let Some(expected) = pinned_sha {
+            if !expected.eq_ignore_ascii_case(&sha) {
+                return Err(EngineError::ShaMismatch {
+                    path: path.to_path_buf(),
+                    expected: expected.to_string(),
+                    actual: sha,
+                });
+            }
+        }
+        let mut head = [0u8; 4];
+        use std::io::Read;
+        std::fs::File::open(path)
+            .and_then(|mut f| f.read_exact(&mut head))
+            .map_err(|e| model_err(e.to_string()))?;
+        if &head != b"GGUF" {
+            return Err(model_err("not a GGUF file (bad magic)".into()));
+        }
+        let backend = backend()?;
+        let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
+            .map_err(|e| model_err(format!("llama.cpp could not load it: {e}")))?;
+        // Loaded once per process and used by every engine thread until exit.
+        let model: &'static LlamaModel = Box::leak(Box::new(model));
+        let frame = ChatFrame::new(model)?;
+        Ok(Engine {
+            model,
+            model_sha: sha,
+            model_path: path.to_path_buf(),
+            params,
+            frame,
+        })
+    }
+
+    /// A fresh context. Call it on the thread that will use it: contexts are not `Send`.
+    pub fn new_context(&self) -> Result<LlamaContext<'static>> {
+        let kv = match self.params.kv_type {
+            KvType::F16 => KvCacheType::F16,
+            KvType::Q8_0 => KvCacheType::Q8_0,
+            KvType::F32 => KvCacheType::F32,
+        };
+        let p = LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(self.params.n_ctx))
+            .with_n_batch(self.params.n_batch)
+            .with_n_ubatch(self.params.n_batch)
+            .with_n_threads(self.params.n_threads)
+            .with_n_threads_batch(self.params.n_threads)
+            .with_type_k(kv)
+            .with_type_v(kv);
+        self.model
+            .new_context(backend()?, p)
+            .map_err(|e| EngineError::Context(e.to_string()))
+    }
+
+    /// The loaded model, for samplers that need its vocabulary (the grammar that constrains
+    /// memory extraction to JSON).
+    pub fn model(&self) -> &'static LlamaModel {
+        self.model
+    }
+
+    /// Tokenizes text with no special-token parsing: user text can never forge control tokens.
+    pub fn tokenize_plain(&self, text: &str) -> Vec<LlamaToken> {
+        self.model.vocab().tokenize(text.as_bytes(), false, false)
+    }
+
+    /// Tokenizes template text, where special tokens such as `<|im_start|>` are meant.
+    pub fn tokenize_special(&self, text: &str, add_bos: bool) -> Vec<LlamaToken> {
+        self.model.vocab().tokenize(text.as_bytes(), add_bos, true)
+    }
+
+    /// Counts tokens with the model's own tokenizer.
+    pub fn count_tokens(&self, text: &str) -> usize {
+        self.tokenize_plain(text).len()
+    }
+
+    /// Tokens of a templated block: the frame's special parts around plain content.
+    pub fn block(&self, block: &Block, content: &[&str]) -> Vec<LlamaToken> {
+        let mut out = Vec::new();
+        for (i, part) in block.parts.iter().enumerate() {
+            out.extend(self.tokenize_special(part, false));
+            if let Some(c) = content.get(i) {
+                out.extend(self.tokenize_plain(c));
+            }
+        }
+        out
+    }
+
+    /// The base system prompt, with BOS if the model wants one.
+    pub fn base_tokens(&self, base_prompt: &str) -> Vec<LlamaToken> {
+        let mut out = self.tokenize_special("", self.model.vocab().should_add_bos());
+        out.extend(self.block(&self.frame.system, &[base_prompt]));
+        out
+    }
+
+    pub fn detokenize(&self, tokens: &[LlamaToken]) -> String {
+        let bytes = self.model.vocab().detokenize(tokens, true, false);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn is_eog(&self, t: LlamaToken) -> bool {
+        self.model.vocab().is_eog(t)
+    }
+
+    /// Penalties, then truncation and temperature, then the pick (llama.cpp's chain order).
+    /// A fresh chain per reply: its penalty window holds this reply's tokens only, so a
+    /// reply is the same whether the session resumed warm or was rebuilt.
+    pub(super) fn sampler(&self) -> LlamaSampler {
+        let p = &self.params;
+        let mut chain = Vec::new();
+        if p.repeat_penalty != 1.0 && p.repeat_last_n != 0 {
+            chain.push(LlamaSampler::penalties(
+                self.model.n_vocab(),
+                p.repeat_last_n,
+                p.repeat_penalty,
+                0.0,
+                0.0,
+            ));
+        }
+        if p.temperature <= 0.0 {
+            chain.push(LlamaSampler::greedy());
+        } else {
+            chain.push(LlamaSampler::top_p(p.top_p, 1));
+            chain.push(LlamaSampler::temp(p.temperature));
+            chain.push(LlamaSampler::dist(p.seed));
+        }
+        LlamaSampler::chain_simple(chain)
+    }
+}

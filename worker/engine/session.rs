@@ -1,0 +1,266 @@
+//! One session's live KV inside a context. The token ids and segments mirror the KV
+//! exactly, so pruning, ephemeral spans and snapshots never guess at what it holds.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::token::LlamaToken;
+
+use super::{Engine, EngineError, Result, SEQ};
+use crate::snapshot::{SegKind, Segment};
+
+/// Timings of one generation, in milliseconds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GenStats {
+    pub prefill_ms: u64,
+    pub ttft_ms: u64,
+    pub generate_ms: u64,
+}
+
+/// The live KV of one session inside a context: token ids and segments mirror it exactly.
+pub struct KvSession<'e, 'c> {
+    engine: &'e Engine,
+    ctx: &'c mut LlamaContext<'static>,
+    tokens: Vec<LlamaToken>,
+    segments: Vec<Segment>,
+}
+
+impl<'e, 'c> KvSession<'e, 'c> {
+    /// An empty KV.
+    pub fn empty(engine: &'e Engine, ctx: &'c mut LlamaContext<'static>) -> KvSession<'e, 'c> {
+        ctx.clear_kv_cache();
+        KvSession {
+            engine,
+            ctx,
+            tokens: Vec::new(),
+            segments: Vec::new(),
+        }
+    }
+
+    /// Restores a saved state. The caller has already verified the snapshot's header.
+    pub fn restore(
+        engine: &'e Engine,
+        ctx: &'c mut LlamaContext<'static>,
+        state: &[u8],
+        token_ids: &[i32],
+        segments: &[Segment],
+    ) -> Result<KvSession<'e, 'c>> {
+        ctx.clear_kv_cache();
+        // SAFETY: the bytes passed the snapshot CRC and came from state_seq_get_data_ext of
+        // the same model, KV type and llama.cpp build; llama.cpp checks sizes and returns 0
+        // on any mismatch, which we treat as a cold start.
+        let ok = unsafe { ctx.state_seq_set_data_ext(state, SEQ, LlamaStateSeqFlags::empty()) };
+        let positions = ctx.kv_cache_seq_pos_max(SEQ) + 1;
+        if !ok || positions != token_ids.len() as i32 {
+            ctx.clear_kv_cache();
+            return Err(EngineError::RestoreRefused);
+        }
+        Ok(KvSession {
+            engine,
+            ctx,
+            tokens: token_ids.iter().map(|&t| LlamaToken(t)).collect(),
+            segments: segments.to_vec(),
+        })
+    }
+
+    pub fn len(&self) -> u32 {
+        self.tokens.len() as u32
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    pub fn token_ids(&self) -> Vec<i32> {
+        self.tokens.iter().map(|t| t.0).collect()
+    }
+
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
+    pub fn tokens(&self) -> &[LlamaToken] {
+        &self.tokens
+    }
+
+    /// Decodes `tokens` after the current tail, as one new segment (or extending the last
+    /// segment when `kind` is `None`). Logits are kept for the final token only.
+    pub fn append(&mut self, tokens: &[LlamaToken], kind: Option<SegKind>) -> Result<()> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        let n_batch = self.engine.params.n_batch as usize;
+        let mut batch = LlamaBatch::new(n_batch, 1);
+        let start = self.tokens.len();
+        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
+            batch.clear();
+            let last_chunk = (c + 1) * n_batch >= tokens.len();
+            for (i, &t) in chunk.iter().enumerate() {
+                let pos = (start + c * n_batch + i) as i32;
+                let logits = last_chunk && i + 1 == chunk.len();
+                batch
+                    .add(t, pos, &[SEQ], logits)
+                    .map_err(|e| EngineError::Decode(e.to_string()))?;
+            }
+            self.ctx
+                .decode(&mut batch)
+                .map_err(|e| EngineError::Decode(e.to_string()))?;
+        }
+        self.tokens.extend_from_slice(tokens);
+        match (kind, self.segments.last_mut()) {
+            (None, Some(last)) => last.len += tokens.len() as u32,
+            (kind, _) => self.segments.push(Segment {
+                kind: kind.unwrap_or(SegKind::Turn),
+                len: tokens.len() as u32,
+            }),
+        }
+        Ok(())
+    }
+
+    /// Greedy (or configured) generation of at most `max` tokens, stopping at end of turn.
+    /// The prompt must have just been appended, so its last logits are current.
+    pub fn generate(
+        &mut self,
+        max: u32,
+        abort: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<Vec<LlamaToken>> {
+        let started = Instant::now();
+        let mut sampler = self.engine.sampler();
+        let mut out = Vec::new();
+        let mut batch = LlamaBatch::new(1, 1);
+        let mut logits_idx = -1;
+        while (out.len() as u32) < max {
+            if abort.load(Ordering::Relaxed) {
+                return Err(EngineError::Aborted);
+            }
+            let t = sampler.sample(self.ctx, logits_idx);
+            if out.is_empty() {
+                stats.ttft_ms = started.elapsed().as_millis() as u64;
+            }
+            if self.engine.is_eog(t) {
+                break;
+            }
+            // `sample` has already accepted `t` into the chain (llama_sampler_sample does):
+            // accepting again would count every token twice in the penalty window.
+            out.push(t);
+            batch.clear();
+            let pos = (self.tokens.len() + out.len() - 1) as i32;
+            batch
+                .add(t, pos, &[SEQ], true)
+                .map_err(|e| EngineError::Decode(e.to_string()))?;
+            self.ctx
+                .decode(&mut batch)
+                .map_err(|e| EngineError::Decode(e.to_string()))?;
+            logits_idx = 0;
+        }
+        self.tokens.extend_from_slice(&out);
+        if let Some(last) = self.segments.last_mut() {
+            last.len += out.len() as u32;
+        }
+        stats.generate_ms = started.elapsed().as_millis() as u64;
+        Ok(out)
+    }
+
+    /// Removes positions `[p0, p1)` and shifts the rest down so positions stay contiguous.
+    /// Segments overlapping the range shrink; empty ones disappear.
+    pub fn remove(&mut self, p0: u32, p1: u32) -> Result<()> {
+        if p0 >= p1 {
+            return Ok(());
+        }
+        let ctx_err = |e: llama_cpp_2::context::kv_cache::KvCacheConversionError| {
+            EngineError::Context(e.to_string())
+        };
+        self.ctx
+            .kv_cache_seq_rm(SEQ, Some(p0), Some(p1))
+            .map_err(ctx_err)?;
+        if (p1 as usize) < self.tokens.len() {
+            self.ctx
+                .kv_cache_seq_add(SEQ, Some(p1), None, -((p1 - p0) as i32))
+                .map_err(ctx_err)?;
+        }
+        self.tokens.drain(p0 as usize..p1 as usize);
+        let mut pos = 0u32;
+        for seg in &mut self.segments {
+            let (s0, s1) = (pos, pos + seg.len);
+            pos = s1;
+            let overlap = s1.min(p1).saturating_sub(s0.max(p0));
+            seg.len -= overlap;
+        }
+        self.segments.retain(|s| s.len > 0);
+        Ok(())
+    }
+
+    /// Removes the last `n` positions (an ephemeral span at the tail).
+    pub fn truncate_tail(&mut self, start: u32) -> Result<()> {
+        self.remove(start, self.len())
+    }
+
+    /// Drops the oldest segments, whole, until at most `max` tokens remain. The base prompt
+    /// is never touched, and the newest digest is kept while anything else can go, so the
+    /// world state stays in the KV instead of being re-injected. Returns tokens dropped.
+    pub fn prune_to(&mut self, max: u32) -> Result<u32> {
+        let keep_digest = self
+            .segments
+            .iter()
+            .rposition(|s| s.kind == SegKind::Digest);
+        let droppable: Vec<usize> = (0..self.segments.len())
+            .filter(|&i| self.segments[i].kind != SegKind::Base && Some(i) != keep_digest)
+            .chain(keep_digest)
+            .collect();
+        let mut over = self.len().saturating_sub(max);
+        let mut doomed = vec![false; self.segments.len()];
+        for i in droppable {
+            if over == 0 {
+                break;
+            }
+            doomed[i] = true;
+            over = over.saturating_sub(self.segments[i].len);
+        }
+        // Remove from the end so earlier positions stay valid; adjacent segments merge.
+        let starts: Vec<u32> = self
+            .segments
+            .iter()
+            .scan(0u32, |pos, s| {
+                let start = *pos;
+                *pos += s.len;
+                Some(start)
+            })
+            .collect();
+        let mut dropped = 0;
+        let mut i = doomed.len();
+        while i > 0 {
+            i -= 1;
+            if !doomed[i] {
+                continue;
+            }
+            let end = starts[i] + self.segments[i].len;
+            let mut j = i;
+            while j > 0 && doomed[j - 1] {
+                j -= 1;
+            }
+            self.remove(starts[j], end)?;
+            dropped += end - starts[j];
+            i = j;
+        }
+        Ok(dropped)
+    }
+
+    /// Serialises the sequence state for a snapshot.
+    pub fn export_state(&self) -> Vec<u8> {
+        let size = self
+            .ctx
+            .state_seq_get_size_ext(SEQ, LlamaStateSeqFlags::empty());
+        let mut buf = vec![0u8; size];
+        // SAFETY: `buf` holds exactly the size llama.cpp asked for.
+        let n = unsafe {
+            self.ctx
+                .state_seq_get_data_ext(buf.as_mut_ptr(), SEQ, LlamaStateSeqFlags::empty())
+        };
+        buf.truncate(n);
+        buf
+    }
+}

@@ -1,0 +1,85 @@
+//! The API's error body and status mapping: every failure reaches the client as JSON with
+//! a clear message, never a dropped connection.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::queue::QueueError;
+
+/// An error response in OpenAI's shape.
+pub(super) struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    pub(super) extra: Value,
+}
+
+impl ApiError {
+    pub(super) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            extra: Value::Null,
+        }
+    }
+
+    pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = json!({ "message": self.message, "type": self.kind });
+        if let Value::Object(extra) = self.extra {
+            error.as_object_mut().expect("object").extend(extra);
+        }
+        (self.status, Json(json!({ "error": error }))).into_response()
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> ApiError {
+        if let QueueError::Db(sqlx::Error::Database(d)) = &e {
+            match d.code().as_deref() {
+                Some("22023") | Some("22021") | Some("22P05") => {
+                    return ApiError::bad_request(d.message())
+                }
+                Some("P0002") => {
+                    return ApiError::new(StatusCode::NOT_FOUND, "not_found_error", d.message())
+                }
+                _ => {}
+            }
+        }
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            e.to_string(),
+        )
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        ApiError::from(QueueError::Db(e))
+    }
+}
+
+impl From<crate::memory::http::HttpError> for ApiError {
+    fn from(e: crate::memory::http::HttpError) -> ApiError {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let kind = match e {
+            crate::memory::http::HttpError::BadRequest(_) => "invalid_request_error",
+            crate::memory::http::HttpError::NotFound(_) => "not_found_error",
+            crate::memory::http::HttpError::Internal(_) => "server_error",
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}

@@ -1,0 +1,96 @@
+//! `/v1/rotate-hint`: how full a session's context is, from its last log row and snapshot.
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::snapshot::{self, Limits};
+
+use super::{header, ApiError, AppState};
+
+#[derive(Deserialize)]
+pub(super) struct HintQuery {
+    sid: Option<String>,
+    user: Option<String>,
+}
+
+/// `GET /v1/rotate-hint?sid=…&user=…` (or `X-User-Id`): how full the caller's session's KV
+/// is and whether the next turn prunes. Another user's session is answered exactly like a
+/// session that does not exist.
+pub(super) async fn rotate_hint(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HintQuery>,
+) -> Result<Response, ApiError> {
+    let sid = q
+        .sid
+        .filter(|s| !s.trim().is_empty())
+        .ok_or_else(|| ApiError::bad_request("missing query parameter sid"))?;
+    let user = q
+        .user
+        .or_else(|| header(&headers, "x-user-id"))
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request("missing user id (query parameter user or header X-User-Id)")
+        })?;
+    let owner: Option<(String, i64)> =
+        sqlx::query_as(include_str!("../../sql/http/session_owner.sql"))
+            .bind(&sid)
+            .fetch_optional(&state.pool)
+            .await?;
+    let character = match owner {
+        Some((owner, character)) if owner == user => character,
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!("unknown session {sid} for user {user}"),
+            ))
+        }
+    };
+    let s = &state.settings;
+    let path = snapshot::SnapshotStore::new(&s.kv_dir, Limits::LOOSE)
+        .path(&snapshot::scope_key(&user, character, &sid));
+    let header = std::fs::read(&path).ok().and_then(|bytes| {
+        snapshot::parse_header(&bytes, Limits::LOOSE)
+            .ok()
+            .map(|(h, _)| h)
+    });
+    let tokens = header.as_ref().map_or(0, |h| h.tokens);
+    let last_user: Option<i32> =
+        sqlx::query_scalar(include_str!("../../sql/http/last_user_tokens.sql"))
+            .bind(&sid)
+            .fetch_optional(&state.pool)
+            .await?;
+    // A next turn adds its user message and reply; the HUD is removed again.
+    let next_turn = last_user.unwrap_or(32).max(0) as u32 + s.reply_max_tokens;
+    let digest: Option<(String, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as(include_str!("../../sql/http/digest_state.sql"))
+            .bind(&sid)
+            .fetch_optional(&state.pool)
+            .await?;
+    let last_injected: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar(include_str!("../../sql/http/last_injected.sql"))
+            .bind(&sid)
+            .fetch_one(&state.pool)
+            .await?;
+    Ok(Json(json!({
+        "sid": sid,
+        "snapshot": header.is_some(),
+        "tokens_in_kv": tokens,
+        "kv_tail_tokens": s.kv_tail_tokens,
+        "next_turn_tokens_estimate": next_turn,
+        "will_prune": header.is_some() && tokens + next_turn > s.kv_tail_tokens,
+        "digest_version": digest.as_ref().map(|d| d.0.clone()),
+        "kv_digest_version": header.as_ref().map(|h| h.digest_version.clone()),
+        "digest_changed_since_kv": match (&digest, &header) {
+            (Some(d), Some(h)) => d.0 != h.digest_version,
+            _ => true,
+        },
+        "digest_last_injected_at": last_injected,
+    }))
+    .into_response())
+}

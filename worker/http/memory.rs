@@ -1,0 +1,52 @@
+//! `/v1/memory/*`: the long-term memory's search, snapshot and refresh, behind the
+//! server's auth and scoped to the asking user.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::{ApiError, AppState};
+
+fn memory_service(state: &AppState) -> Result<Arc<crate::memory::MemoryService>, ApiError> {
+    state.memory.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "long-term memory is not enabled on this server",
+        )
+    })
+}
+
+/// `GET /v1/memory/search?user=&q=&limit=&character=&guild=&channel=&as_of=&ranker=`: the
+/// caller's own memories and dialogue, ranked (seed 002's dashboard search).
+pub(super) async fn memory_search(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::SearchParams>,
+) -> Result<Response, ApiError> {
+    let svc = memory_service(&state)?;
+    let found = crate::memory::http::search(state.pool.clone(), &svc, p).await?;
+    Ok(Json(found).into_response())
+}
+
+/// `GET /v1/memory?user=&character=&guild=`: the caller's MEMORY.md-style snapshot.
+pub(super) async fn memory_snapshot(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::SnapshotParams>,
+) -> Result<Response, ApiError> {
+    let svc = memory_service(&state)?;
+    let snap = crate::memory::http::snapshot(state.pool.clone(), &svc, p).await?;
+    Ok(Json(snap).into_response())
+}
+
+/// `POST /v1/memory/refresh?user=…`: archive, fold near-duplicates, re-render.
+pub(super) async fn memory_refresh(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::SnapshotParams>,
+) -> Result<Response, ApiError> {
+    let svc = memory_service(&state)?;
+    let done = crate::memory::http::refresh(state.pool.clone(), &svc, p).await?;
+    Ok(Json(done).into_response())
+}

@@ -1,0 +1,207 @@
+//! Seed 000's kvserver interface over HTTP: an OpenAI-compatible chat endpoint that
+//! enqueues through the same SQL path as any backend and waits for the fenced completion,
+//! plus rotate-hint, info and Prometheus metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::Value;
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use subtle::ConstantTimeEq;
+use tokio::sync::{broadcast, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::config::Settings;
+use crate::queue;
+
+mod chat;
+mod error;
+mod hint;
+mod memory;
+mod ops;
+
+use chat::chat;
+use error::ApiError;
+use hint::rotate_hint;
+use memory::{memory_refresh, memory_search, memory_snapshot};
+use ops::{info, metrics};
+
+/// What the server needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+    /// SHA-256 of the configured model file ("" when no model is configured).
+    pub model_sha: String,
+    /// What `/metrics` renders: the process-wide registry unless set otherwise.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Long-term memory for `/v1/memory/*` (503 there without it).
+    pub memory: Option<Arc<crate::memory::MemoryService>>,
+    done: broadcast::Sender<i64>,
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, settings: Arc<Settings>, model_sha: String) -> AppState {
+        let (done, _) = broadcast::channel(4096);
+        AppState {
+            pool,
+            settings,
+            model_sha,
+            metrics: crate::metrics::global(),
+            memory: None,
+            done,
+        }
+    }
+
+    /// Serves `/v1/memory/*` from this memory service.
+    pub fn with_memory(mut self, memory: Arc<crate::memory::MemoryService>) -> AppState {
+        self.memory = Some(memory);
+        self
+    }
+
+    /// Renders `metrics` at `/metrics` (a worker's own registry, in tests).
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> AppState {
+        self.metrics = metrics;
+        self
+    }
+}
+
+/// The routes, behind the bearer token (when configured), the in-flight limit and the
+/// body size limit.
+pub fn router(state: AppState) -> Router {
+    let in_flight = Arc::new(Semaphore::new(state.settings.http_max_in_flight as usize));
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/rotate-hint", get(rotate_hint))
+        .route("/v1/info", get(info))
+        .route("/metrics", get(metrics))
+        .route("/v1/memory/search", get(memory_search))
+        .route("/v1/memory", get(memory_snapshot))
+        .route("/v1/memory/refresh", post(memory_refresh))
+        .layer(DefaultBodyLimit::max(state.settings.http_max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
+        .with_state(state)
+}
+
+/// Refuses at once beyond `http_max_in_flight` requests: a client retrying on 503 is
+/// better served than one waiting in an unbounded queue of held connections.
+async fn limit_in_flight(
+    State(in_flight): State<Arc<Semaphore>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match in_flight.try_acquire() {
+        Ok(_permit) => next.run(request).await,
+        Err(_) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "too many requests in flight; retry shortly",
+        )
+        .into_response(),
+    }
+}
+
+/// `Authorization: Bearer <KVMEM_HTTP_TOKEN>` on every route when a token is configured.
+async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(token) = state.settings.http_token.as_deref() else {
+        return next.run(request).await;
+    };
+    let given = header(request.headers(), "authorization");
+    let given = given.as_deref().and_then(|v| v.strip_prefix("Bearer "));
+    // Constant time, so the comparison does not reveal how much of a guess was right.
+    let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
+    if ok {
+        next.run(request).await
+    } else {
+        let mut response = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or wrong bearer token (Authorization: Bearer <KVMEM_HTTP_TOKEN>)",
+        )
+        .into_response();
+        response.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
+        response
+    }
+}
+
+/// Why `kvmem serve` must not start on this address with these settings, if it must not:
+/// beyond loopback, the API is only served behind a bearer token.
+pub fn check_exposure(addr: &std::net::SocketAddr, settings: &Settings) -> Result<(), String> {
+    let has_token = settings
+        .http_token
+        .as_deref()
+        .is_some_and(|t| !t.trim().is_empty());
+    if addr.ip().is_loopback() || has_token {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing to listen on {addr} without KVMEM_HTTP_TOKEN: beyond loopback the API needs a bearer token"
+        ))
+    }
+}
+
+/// Serves until `shutdown`, with the completion listener running beside it.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tokio::spawn(listen_done(
+        state.pool.clone(),
+        state.done.clone(),
+        shutdown.clone(),
+    ));
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+/// Forwards `kvmem_turn_done` notifications to waiting requests.
+async fn listen_done(pool: PgPool, done: broadcast::Sender<i64>, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        let result: Result<(), sqlx::Error> = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(queue::TURN_DONE_CHANNEL).await?;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    n = listener.recv() => {
+                        let n = n?;
+                        let id = serde_json::from_str::<Value>(n.payload())
+                            .ok()
+                            .and_then(|v| v["turn_id"].as_i64());
+                        if let Some(id) = id {
+                            let _ = done.send(id);
+                        }
+                    }
+                }
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            // Waiters also poll their row, so nothing is lost while we reconnect.
+            warn!(error = %e, "completion listener lost; reconnecting");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// A request header as text, if present and printable.
+pub(super) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}

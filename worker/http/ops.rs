@@ -1,0 +1,47 @@
+//! `/v1/info` and `/metrics`: what an operator or a scraper asks of a running server.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::snapshot;
+
+use super::{ApiError, AppState};
+
+/// `GET /v1/info`: the system fingerprint and effective configuration (no secrets).
+pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let s = &state.settings;
+    let bpt: Option<i32> = sqlx::query_scalar(include_str!("../../sql/http/recent_bpt.sql"))
+        .fetch_optional(&state.pool)
+        .await?;
+    let mut config = serde_json::to_value(s.as_ref()).unwrap_or(Value::Null);
+    if let Some(obj) = config.as_object_mut() {
+        obj.remove("database_url");
+    }
+    Ok(Json(json!({
+        "service": "kvmem",
+        "version": env!("CARGO_PKG_VERSION"),
+        "model_sha": state.model_sha,
+        "model_path": s.model_path,
+        "llama_build": crate::engine::LLAMA_BUILD,
+        "snapshot_format": format!("{} v{}", snapshot::MAGIC, snapshot::FORMAT_VERSION),
+        "kv_type_k": s.kv_type.as_str(),
+        "kv_type_v": s.kv_type.as_str(),
+        "bpt": bpt,
+        "config": config,
+    }))
+    .into_response())
+}
+
+pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let text = state.metrics.render(&state.pool).await?;
+    Ok((
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}

@@ -1,0 +1,283 @@
+//! Seed 000's turn pipeline on llama.cpp. [`TurnPipeline::run_turn`] reads as the seed's
+//! steps: gather the inputs, (1) load the KV, (2–4) prune, build the context and generate
+//! on an engine thread ([`kv`]), (5) save the snapshot. Step 6 is the runner's: the fenced
+//! completion, then [`TurnPipeline::after_turn`] rebuilds the digest.
+
+mod history;
+pub mod kv;
+mod load;
+mod save;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::config::Settings;
+use crate::context::digest;
+use crate::context::hud;
+use crate::context::tokens::TokenCount;
+use crate::engine::{Engine, EngineError, EnginePool};
+use crate::metrics::Metrics;
+use crate::snapshot::{self, Limits, Snapshot, SnapshotStore};
+use crate::turn::log::{KvLog, TurnPath};
+use crate::turn::{ClaimedTurn, TurnError};
+use kv::{TurnJob, TurnRun};
+
+/// The llama.cpp generator: engine threads, snapshot store, settings and the database.
+pub struct TurnPipeline {
+    pub engines: EnginePool,
+    pub store: SnapshotStore,
+    pub settings: Arc<Settings>,
+    db: PgPool,
+    metrics: Arc<Metrics>,
+}
+
+/// What a turn reads before it touches the KV.
+struct Inputs {
+    base_prompt: String,
+    hud: String,
+    digest: digest::Stored,
+}
+
+impl TurnPipeline {
+    pub fn new(
+        engine: Arc<Engine>,
+        settings: Arc<Settings>,
+        db: PgPool,
+        metrics: Arc<Metrics>,
+    ) -> Result<TurnPipeline, EngineError> {
+        let engines = EnginePool::start(engine, settings.engine_slots)?;
+        let limits = Limits {
+            max_tokens: settings.n_ctx,
+            // f32 K+V of a large model is well under 1 MiB per token.
+            max_state_bytes: settings.n_ctx as u64 * (1 << 20),
+        };
+        let store = SnapshotStore::new(&settings.kv_dir, limits);
+        // Writers killed mid-save leave per-process temp files that nothing else removes.
+        match store.sweep_stale_tmp(std::time::Duration::from_secs(600)) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(removed = n, dir = %settings.kv_dir.display(), "removed stale snapshot temp files")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %settings.kv_dir.display(), "could not sweep snapshot temp files")
+            }
+        }
+        Ok(TurnPipeline {
+            engines,
+            store,
+            settings,
+            db,
+            metrics,
+        })
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        self.engines.engine()
+    }
+
+    /// The `path=` this pipeline logs.
+    pub fn path(&self) -> TurnPath {
+        if self.settings.kv_only_enabled {
+            TurnPath::KvOnly
+        } else {
+            TurnPath::Rollback
+        }
+    }
+
+    /// Steps 1–5 for a claimed turn; the runner does step 6 (fenced completion).
+    pub async fn run_turn(
+        &self,
+        turn: &ClaimedTurn,
+        abort: Arc<AtomicBool>,
+    ) -> Result<(String, KvLog), TurnError> {
+        let s = &self.settings;
+        let mut log = KvLog::start(self.path(), &turn.session_id, s.n_ctx);
+        let inputs = self.inputs(turn).await?;
+
+        // 1. Load KV: a trusted snapshot, or the dialogue a cold start rebuilds from.
+        let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
+        let (snapshot, cold_reason) = self.trusted_snapshot(turn, &scope).await?;
+        let history = match snapshot {
+            None => history::recent(&self.db, &turn.session_id).await?,
+            Some(_) => Vec::new(),
+        };
+
+        // 2–4. Prune, build the context (HUD, digest when due, message), generate.
+        let job = TurnJob {
+            base_prompt: inputs.base_prompt,
+            hud: inputs.hud,
+            digest: inputs.digest.clone(),
+            user: turn.message.clone(),
+            snapshot,
+            history,
+            tail: s.kv_tail_tokens,
+            reply_max: s.reply_max_tokens,
+            export: s.kv_only_enabled,
+        };
+        let run = self
+            .generate(job, abort.clone())
+            .await
+            .map_err(|e| e.with_log(log.clone()))?;
+        self.record(&mut log, turn, &run, cold_reason, &inputs.digest)
+            .await;
+
+        // 5. Save the pruned KV, while the lease is still ours.
+        if let Some(state) = &run.state {
+            let saved_at = Instant::now();
+            log.kv_bytes = state.len() as u64;
+            log.bpt = (state.len() / run.token_ids.len().max(1)) as u32;
+            if !self.save(&scope, turn, &run, &abort).await {
+                return Err(TurnError::Aborted);
+            }
+            log.save_ms = saved_at.elapsed().as_millis() as u64;
+        }
+        Ok((run.reply, log))
+    }
+
+    /// The character's HUD line and base prompt, and the session's current digest.
+    async fn inputs(&self, turn: &ClaimedTurn) -> Result<Inputs, TurnError> {
+        let s = &self.settings;
+        let tok: &dyn TokenCount = self.engine().as_ref();
+        let hud_row = hud::fetch(&self.db, turn.character_id, &turn.user_id).await;
+        let hud = hud::line_or_minimal(&hud_row, s.hud_max_tokens as usize, tok);
+        let base_prompt = base_prompt(s, hud_row.as_ref().ok().and_then(|r| r.as_ref()));
+        let digest = digest::current(
+            &self.db,
+            &turn.session_id,
+            s.digest_max_tokens as usize,
+            tok,
+            &self.metrics,
+        )
+        .await?;
+        Ok(Inputs {
+            base_prompt,
+            hud,
+            digest,
+        })
+    }
+
+    /// The snapshot to resume from, or why the turn starts cold.
+    async fn trusted_snapshot(
+        &self,
+        turn: &ClaimedTurn,
+        scope: &str,
+    ) -> Result<(Option<Box<Snapshot>>, Option<String>), TurnError> {
+        if !self.settings.kv_only_enabled {
+            return Ok((None, Some("KV_ONLY_ENABLED=false".to_string())));
+        }
+        let last_done = crate::queue::last_done(&self.db, &turn.session_id)
+            .await
+            .map_err(|e| TurnError::retryable_from("reading the last committed turn", e))?;
+        Ok(self.load_snapshot(turn, scope, last_done).await)
+    }
+
+    /// Steps 2–4 on an engine thread.
+    async fn generate(&self, job: TurnJob, abort: Arc<AtomicBool>) -> Result<TurnRun, TurnError> {
+        self.engines
+            .run(move |engine, ctx| kv::run_in_context(engine, ctx, job, &abort))
+            .await?
+    }
+
+    /// Fills the turn's log from the run, and records a cold start as an event.
+    async fn record(
+        &self,
+        log: &mut KvLog,
+        turn: &ClaimedTurn,
+        run: &TurnRun,
+        cold_reason: Option<String>,
+        digest: &digest::Stored,
+    ) {
+        log.loaded = run.warm;
+        log.cold = !run.warm;
+        log.cold_reason = if run.warm {
+            None
+        } else {
+            cold_reason.or(run.cold_reason.clone())
+        };
+        log.tokens_loaded = run.tokens_loaded;
+        log.tokens_in_kv = if self.settings.kv_only_enabled {
+            run.token_ids.len() as u32
+        } else {
+            0
+        };
+        log.digest_injected = run.digest_injected;
+        log.digest_version = digest.version.clone();
+        log.s_tokens = run.s_tokens;
+        log.u_tokens = run.u_tokens;
+        log.r_tokens = run.r_tokens;
+        log.load_ms = run.load_ms;
+        log.prefill_ms = run.stats.prefill_ms;
+        log.ttft_ms = run.stats.ttft_ms;
+        log.generate_ms = run.stats.generate_ms;
+        if let Some(cold) = &log.cold_reason {
+            event(
+                &self.db,
+                turn,
+                "cold_start",
+                serde_json::json!({ "reason": cold }),
+            )
+            .await;
+        }
+    }
+
+    /// Seed step 6, after the turn committed: rebuild the digest from the database.
+    pub async fn after_turn(&self, turn: &ClaimedTurn) {
+        let tok: &dyn TokenCount = self.engine().as_ref();
+        if let Err(e) = digest::rebuild(
+            &self.db,
+            &turn.session_id,
+            self.settings.digest_max_tokens as usize,
+            tok,
+            &self.metrics,
+        )
+        .await
+        {
+            warn!(error = %e, "post-turn digest rebuild failed; the rebuilder will retry");
+        }
+    }
+
+    /// The digest rebuilder (LISTEN/NOTIFY, dirty markers, expiry).
+    pub fn spawn_background(&self, tasks: &mut JoinSet<()>, shutdown: CancellationToken) {
+        let tok: Arc<dyn TokenCount> = self.engine().clone();
+        tasks.spawn(digest::run_rebuilder(
+            self.db.clone(),
+            tok,
+            self.settings.digest_max_tokens as usize,
+            std::time::Duration::from_millis(self.settings.poll_ms.max(100)),
+            self.metrics.clone(),
+            shutdown,
+        ));
+    }
+}
+
+/// The base system prompt, filled from the character row.
+fn base_prompt(s: &Settings, row: Option<&hud::HudRow>) -> String {
+    let (name, persona) = row.map_or(("the character", ""), |r| {
+        (r.name.as_str(), r.persona.as_str())
+    });
+    let text = s
+        .base_prompt
+        .replace("{name}", name)
+        .replace("{persona}", persona);
+    digest::canonicalize(&text)
+}
+
+/// Records one of a turn's exceptional events; a failure to record is logged, not fatal.
+async fn event(pool: &PgPool, turn: &ClaimedTurn, kind: &str, detail: serde_json::Value) {
+    let r = sqlx::query(include_str!("../../sql/turn/event.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.id.0)
+        .bind(kind)
+        .bind(detail)
+        .execute(pool)
+        .await;
+    if let Err(e) = r {
+        warn!(error = %e, kind, "event not recorded");
+    }
+}

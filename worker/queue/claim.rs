@@ -1,0 +1,96 @@
+//! Claiming turns under a per-session lease, keeping the lease alive, and the checks the
+//! pipeline makes against it (is the lease still ours, which turn committed last).
+
+use sqlx::{PgPool, Row};
+
+use super::{ClaimedTurn, Result, TurnId};
+
+/// Claims the oldest runnable turn of any free session. `lanes` are tried in order, so
+/// an earlier lane (live) always wins over a later one (replay): replay never starves live.
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    lease_ms: u64,
+    lanes: &[String],
+) -> Result<Option<ClaimedTurn>> {
+    Ok(claim_up_to(pool, owner, lease_ms, lanes, 1).await?.pop())
+}
+
+/// Claims up to `max` runnable turns, each from a different session, one statement per
+/// lane, filling from the lanes in order (live before replay).
+pub async fn claim_up_to(
+    pool: &PgPool,
+    owner: &str,
+    lease_ms: u64,
+    lanes: &[String],
+    max: u32,
+) -> Result<Vec<ClaimedTurn>> {
+    let mut claimed = Vec::new();
+    for lane in lanes {
+        let left = max.saturating_sub(claimed.len() as u32);
+        if left == 0 {
+            break;
+        }
+        let rows = sqlx::query(include_str!("../../sql/queue/claim.sql"))
+            .bind(owner)
+            .bind(lease_ms as f64)
+            .bind(std::slice::from_ref(lane))
+            .bind(left as i64)
+            .fetch_all(pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            // The unique index refused a second running turn in a session: nothing claimed.
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for row in rows {
+            claimed.push(ClaimedTurn {
+                id: TurnId(row.try_get("id")?),
+                session_id: row.try_get("session_id")?,
+                user_id: row.try_get("user_id")?,
+                character_id: row.try_get("character_id")?,
+                message: row.try_get("message")?,
+                lane: row.try_get("lane")?,
+                attempt: row.try_get("attempts")?,
+                max_attempts: row.try_get("max_attempts")?,
+                fencing_token: row.try_get("fencing_token")?,
+                owner: owner.to_string(),
+            });
+        }
+    }
+    Ok(claimed)
+}
+
+/// Extends the lease. `Ok(false)` means it was lost.
+pub async fn heartbeat(pool: &PgPool, turn: &ClaimedTurn, lease_ms: u64) -> Result<bool> {
+    let row = sqlx::query(include_str!("../../sql/queue/heartbeat.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.fencing_token)
+        .bind(&turn.owner)
+        .bind(lease_ms as f64)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// True while this worker still holds the turn's unexpired lease.
+pub async fn lease_held(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
+    let held = sqlx::query_scalar(include_str!("../../sql/queue/lease_held.sql"))
+        .bind(&turn.session_id)
+        .bind(turn.id.0)
+        .bind(&turn.owner)
+        .bind(turn.fencing_token)
+        .fetch_one(pool)
+        .await?;
+    Ok(held)
+}
+
+/// The session's last committed turn and the fencing token of its committing attempt.
+pub async fn last_done(pool: &PgPool, session_id: &str) -> Result<Option<(i64, Option<i64>)>> {
+    let row = sqlx::query_as(include_str!("../../sql/turn/last_done.sql"))
+        .bind(session_id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(row)
+}

@@ -1,0 +1,108 @@
+//! The fenced completion: reply, dialogue rows, log row and lease release in one
+//! transaction, for one turn or a group-committed batch.
+
+use std::collections::HashSet;
+
+use sqlx::PgPool;
+
+use super::{insert_log_rows, ClaimedTurn, QueueError, Result};
+use crate::turn::log::KvLog;
+
+/// A finished turn waiting to be committed.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub turn: ClaimedTurn,
+    pub reply: String,
+    pub log: KvLog,
+}
+
+/// Writes the reply, the dialogue rows, the log row and frees the lease: all or nothing.
+pub async fn complete(pool: &PgPool, turn: &ClaimedTurn, reply: &str, log: &KvLog) -> Result<()> {
+    let batch = [Completion {
+        turn: turn.clone(),
+        reply: reply.to_string(),
+        log: log.clone(),
+    }];
+    let mut done = complete_many(pool, &batch).await?;
+    done.pop().unwrap_or(Err(QueueError::Fenced(turn.id)))
+}
+
+/// Commits a batch of completions in one transaction (group commit): one WAL flush and a
+/// handful of set-based statements for the whole batch. Each turn is still fenced on its
+/// own: a turn whose lease was lost gets `Err(Fenced)` and writes nothing, the others
+/// commit. The result has one entry per input, in order. `Err` for the call as a whole
+/// means nothing was committed.
+pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Result<()>>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The lease keys go to the fence and the release; only complete.sql needs the texts,
+    // so the messages and replies cross the wire once.
+    let keys = serde_json::Value::Array(
+        batch
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "turn_id": c.turn.id.0,
+                    "session_id": c.turn.session_id,
+                    "fencing_token": c.turn.fencing_token,
+                    "owner": c.turn.owner,
+                })
+            })
+            .collect(),
+    );
+    let texts = serde_json::Value::Array(
+        batch
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "turn_id": c.turn.id.0,
+                    "session_id": c.turn.session_id,
+                    "fencing_token": c.turn.fencing_token,
+                    "message": c.turn.message,
+                    "reply": c.reply,
+                })
+            })
+            .collect(),
+    );
+    // Scope: every completion of the batch, each guarded by its own fencing token.
+    let mut tx = pool.begin().await?;
+    let held: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/queue/fence_many.sql"))
+        .bind(&keys)
+        .fetch_all(&mut *tx)
+        .await?;
+    let done: HashSet<i64> = if held.is_empty() {
+        Default::default()
+    } else {
+        let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/queue/complete.sql"))
+            .bind(&texts)
+            .bind(&held)
+            .fetch_all(&mut *tx)
+            .await?;
+        ids.into_iter().collect()
+    };
+    if !done.is_empty() {
+        let rows = batch
+            .iter()
+            .filter(|c| done.contains(&c.turn.id.0))
+            .map(|c| c.log.row(&c.turn))
+            .collect();
+        insert_log_rows(&mut tx, rows).await?;
+        sqlx::query(include_str!("../../sql/queue/release_many.sql"))
+            .bind(&keys)
+            .bind(done.iter().copied().collect::<Vec<i64>>())
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(batch
+        .iter()
+        .map(|c| {
+            if done.contains(&c.turn.id.0) {
+                Ok(())
+            } else {
+                Err(QueueError::Fenced(c.turn.id))
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,102 @@
+//! What produces a reply: the real turn pipeline on llama.cpp, or the echo generator that
+//! queue-mechanics tests and benchmarks use to exercise the queue without a model.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::Deps;
+use crate::pipeline::TurnPipeline;
+use crate::turn::log::{KvLog, TurnPath};
+use crate::turn::{ClaimedTurn, TurnError};
+
+/// The reply generator a worker runs.
+#[derive(Clone)]
+pub enum Generator {
+    /// Queue-test and benchmark generator: replies `echo: <message>` after `delay`.
+    /// It loads no model and writes no snapshot.
+    Echo { delay: Duration },
+    /// Seed 000's turn pipeline on a local model.
+    Llama(Arc<TurnPipeline>),
+}
+
+impl Generator {
+    /// Runs one turn's work up to (not including) completion.
+    pub async fn run_turn(
+        &self,
+        deps: &Deps,
+        turn: &ClaimedTurn,
+        abort: Arc<AtomicBool>,
+    ) -> Result<(String, KvLog), TurnError> {
+        match self {
+            Generator::Echo { delay } => echo(deps, turn, *delay, &abort).await,
+            Generator::Llama(pipeline) => pipeline.run_turn(turn, abort).await,
+        }
+    }
+
+    /// Seed step 6, after the turn committed: rebuild the session's digest.
+    pub async fn after_turn(&self, turn: &ClaimedTurn) {
+        if let Generator::Llama(pipeline) = self {
+            pipeline.after_turn(turn).await;
+        }
+    }
+
+    /// Background work the generator needs while the worker runs (digest rebuilds).
+    pub fn spawn_background(
+        &self,
+        deps: &Deps,
+        tasks: &mut JoinSet<()>,
+        shutdown: CancellationToken,
+    ) {
+        match self {
+            Generator::Llama(pipeline) => pipeline.spawn_background(tasks, shutdown),
+            // Digests are a database feature: they stay fresh whatever the generator is.
+            Generator::Echo { .. } => {
+                tasks.spawn(crate::context::digest::run_rebuilder(
+                    deps.pool.clone(),
+                    Arc::new(crate::context::tokens::WordCount),
+                    deps.settings.digest_max_tokens as usize,
+                    Duration::from_millis(deps.settings.poll_ms.max(100)),
+                    deps.metrics.clone(),
+                    shutdown,
+                ));
+            }
+        }
+    }
+
+    /// The `path=` this generator logs.
+    pub fn path(&self) -> TurnPath {
+        match self {
+            Generator::Echo { .. } => TurnPath::Echo,
+            Generator::Llama(pipeline) => pipeline.path(),
+        }
+    }
+}
+
+async fn echo(
+    deps: &Deps,
+    turn: &ClaimedTurn,
+    delay: Duration,
+    abort: &AtomicBool,
+) -> Result<(String, KvLog), TurnError> {
+    let mut log = KvLog::start(TurnPath::Echo, &turn.session_id, deps.settings.n_ctx);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    if abort.load(Ordering::Relaxed) {
+        return Err(TurnError::Aborted);
+    }
+    // A test hook, labelled as such: messages starting with this marker fail, so retry
+    // and dead-letter paths can be driven through the real queue.
+    if let Some(rest) = turn.message.strip_prefix("echo-fail:") {
+        return Err(TurnError::retryable(format!(
+            "echo generator asked to fail: {rest}"
+        )));
+    }
+    log.u_tokens = turn.message.split_whitespace().count() as u32;
+    log.r_tokens = log.u_tokens + 1;
+    Ok((format!("echo: {}", turn.message), log))
+}

@@ -1,0 +1,77 @@
+//! Work a worker does while no turn of its own is generating: the memory lane, then the
+//! summary lane. Neither ever stands between a live turn and its engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::{Deps, Generator};
+use crate::memory::MemoryService;
+use crate::summary::SummaryService;
+
+/// The idle lanes: embedding, extraction and remember/forget jobs queued after turns
+/// commit, and, when those are done, summary jobs (closes, rolling, session, spine). A job
+/// is taken only while none of this worker's turns is generating, so lane work never
+/// stands between a live turn and its engine (a job already running finishes). One job at
+/// a time: memory first, because summaries read what it writes.
+pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationToken) {
+    let memory = memory_service(&deps).await;
+    let summary = summary_service(&deps).await;
+    let all = deps.settings.concurrency as usize;
+    let rest = Duration::from_millis(deps.settings.poll_ms.max(100));
+    while !shutdown.is_cancelled() {
+        let idle = slots.available_permits() == all;
+        let worked = idle && {
+            memory_step(memory.as_ref()).await
+                || crate::summary::jobs::run_idle(summary.as_ref()).await
+        };
+        if !worked {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(rest) => {}
+            }
+        }
+    }
+}
+
+async fn memory_service(deps: &Deps) -> Option<MemoryService> {
+    if !deps.settings.memory_lane {
+        return None;
+    }
+    match crate::memory::worker_service(deps.pool.clone(), &deps.settings).await {
+        Ok(svc) => Some(svc),
+        Err(e) => {
+            warn!(error = %e, "memory lane off: bad memory settings");
+            None
+        }
+    }
+}
+
+async fn summary_service(deps: &Deps) -> Option<SummaryService> {
+    if !deps.settings.summary_lane {
+        return None;
+    }
+    let chat_engine = match &deps.generator {
+        Generator::Llama(pipeline) => Some(pipeline.engine().clone()),
+        Generator::Echo { .. } => None,
+    };
+    Some(crate::summary::worker_service(deps.pool.clone(), &deps.settings, chat_engine).await)
+}
+
+/// One memory job; true if it did work.
+async fn memory_step(svc: Option<&MemoryService>) -> bool {
+    let Some(svc) = svc else {
+        return false;
+    };
+    match crate::memory::jobs::process_next_memory_job(svc).await {
+        Ok(crate::memory::jobs::Outcome::Empty) => false,
+        Ok(_) => true,
+        Err(e) => {
+            warn!(error = %e, "memory job failed");
+            false
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The lease heartbeat of a running turn, and the abort flag that stops its generation
+//! once the lease is lost or shutdown has waited long enough.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::Deps;
+use crate::queue;
+use crate::turn::ClaimedTurn;
+
+/// Heartbeats the lease while a turn runs. Sets `abort` when the lease is lost, or when
+/// shutdown has waited its grace period, so a generation in flight stops early.
+pub(super) struct LeaseKeeper {
+    stop: CancellationToken,
+    pub(super) abort: Arc<AtomicBool>,
+}
+
+impl LeaseKeeper {
+    pub(super) fn spawn(
+        deps: &Deps,
+        turn: &ClaimedTurn,
+        shutdown: CancellationToken,
+    ) -> LeaseKeeper {
+        let stop = CancellationToken::new();
+        let abort = Arc::new(AtomicBool::new(false));
+        let abort2 = abort.clone();
+        let (pool, turn, settings, stop2) = (
+            deps.pool.clone(),
+            turn.clone(),
+            deps.settings.clone(),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            let abort = abort2;
+            let beat = Duration::from_millis(settings.heartbeat_ms);
+            let grace = Duration::from_millis(settings.shutdown_grace_ms);
+            let grace_over = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(grace).await;
+            };
+            tokio::pin!(grace_over);
+            // Until when the lease is surely ours: the claim's expiry, then each heartbeat's.
+            let lease = Duration::from_millis(settings.lease_ms);
+            let mut held_until = tokio::time::Instant::now() + lease;
+            loop {
+                tokio::select! {
+                    _ = stop2.cancelled() => return,
+                    _ = &mut grace_over => {
+                        abort.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    _ = tokio::time::sleep(beat) => {}
+                }
+                let beat_started = tokio::time::Instant::now();
+                match queue::heartbeat(&pool, &turn, settings.lease_ms).await {
+                    Ok(true) => held_until = beat_started + lease,
+                    Ok(false) => {
+                        warn!(turn_id = %turn.id, "lease lost; aborting the turn");
+                        abort.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    // A database blip: keep trying while the lease is still ours. Once it
+                    // may have run out, another worker may own the session: stop at once.
+                    Err(e) if tokio::time::Instant::now() >= held_until => {
+                        warn!(turn_id = %turn.id, error = %e, "heartbeat failed past the lease; aborting the turn");
+                        abort.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                    Err(e) => warn!(turn_id = %turn.id, error = %e, "heartbeat failed"),
+                }
+            }
+        });
+        LeaseKeeper { stop, abort }
+    }
+
+    pub(super) fn stop(self) {
+        self.stop.cancel();
+    }
+}

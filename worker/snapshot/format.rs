@@ -1,0 +1,590 @@
+//! LLKV1 snapshot files: a session's llama.cpp KV state between turns, framed so that a
+//! torn, corrupt or foreign file is always detected and turns into a cold start, never a
+//! crash or a wrong resume.
+//!
+//! Layout (all integers little-endian):
+//! ```text
+//! LLKV1\n                      magic line
+//! key=value\n ...              header lines (ASCII), see `Header`
+//! header_crc32c=<u32>\n        CRC32C of every header byte before this line
+//! \n                           end of header
+//! token ids                    tokens × i32
+//! payload                      stored_bytes of llama.cpp sequence state (zstd if compressed)
+//! ```
+//! `crc32c` covers the token ids and the payload. The file is untrusted input: every
+//! length is checked against the file's real size and fixed limits before anything is
+//! allocated from it.
+
+use std::io;
+
+/// First line of every snapshot.
+pub const MAGIC: &str = "LLKV1";
+/// Bumped on any incompatible change to the layout.
+pub const FORMAT_VERSION: u32 = 2;
+/// A header is a few hundred bytes; anything this long is not a header.
+pub(crate) const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// More segments than this means a corrupt table (a turn is at least a few tokens).
+const MAX_SEGMENTS: usize = 1 << 16;
+/// A real header has 18 lines; a file with many more is not one of ours.
+const MAX_HEADER_LINES: usize = 64;
+/// The most a zstd payload can expand: a block of at least 4 bytes gives at most 128 KiB.
+/// Bounding the output buffer by it means a tiny file can never reserve gigabytes.
+const MAX_ZSTD_RATIO: u64 = (128 * 1024) / 4;
+
+/// What a segment of the KV holds; pruning and digest tracking work on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegKind {
+    /// The base system prompt, always the prefix and never pruned.
+    Base,
+    /// One exchange: the user message and the reply.
+    Turn,
+    /// An injected digest.
+    Digest,
+}
+
+impl SegKind {
+    fn code(self) -> char {
+        match self {
+            SegKind::Base => 'B',
+            SegKind::Turn => 'T',
+            SegKind::Digest => 'D',
+        }
+    }
+
+    fn from_code(c: &str) -> Option<SegKind> {
+        match c {
+            "B" => Some(SegKind::Base),
+            "T" => Some(SegKind::Turn),
+            "D" => Some(SegKind::Digest),
+            _ => None,
+        }
+    }
+}
+
+/// A contiguous run of KV positions. Positions are implied: segments tile 0..tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub kind: SegKind,
+    pub len: u32,
+}
+
+/// Payload encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Zstd,
+}
+
+/// Everything in the header. `crc32c`, `tokens`, `bytes` and `stored_bytes` are derived
+/// from the body by [`encode`]; the rest describes what the state is valid for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub format_version: u32,
+    pub model_sha: String,
+    /// The digest version the KV has seen last ("" if none).
+    pub digest_version: String,
+    pub crc32c: u32,
+    pub tokens: u32,
+    /// Raw llama.cpp state size.
+    pub bytes: u64,
+    /// Payload size in the file.
+    pub stored_bytes: u64,
+    /// Unix seconds at save.
+    pub timestamp: u64,
+    /// llama.cpp build the state came from.
+    pub llama_build: String,
+    pub n_ctx: u32,
+    pub type_k: String,
+    pub type_v: String,
+    pub compression: Compression,
+    /// Hash of (user, character, session): a snapshot is only ever used for its own scope.
+    pub scope: String,
+    /// The last turn whose exchange is in the KV.
+    pub turn_id: i64,
+    /// The fencing token of the attempt that wrote the file. A snapshot is trusted only
+    /// when the session's last committed turn carries this same token (`turns.done_token`):
+    /// a worker that lost its lease cannot make its file look like the committed one.
+    pub fence: i64,
+    pub segments: Vec<Segment>,
+}
+
+impl Header {
+    /// A header for state made by one model and llama.cpp build under `scope`, with the
+    /// defaults of a fresh session: no digest seen, no segments, uncompressed. The fields
+    /// derived from the body (`crc32c`, `tokens`, `bytes`, `stored_bytes`) are [`encode`]'s.
+    pub fn new(model_sha: &str, llama_build: &str, scope: &str) -> Header {
+        Header {
+            format_version: FORMAT_VERSION,
+            model_sha: model_sha.to_string(),
+            digest_version: String::new(),
+            crc32c: 0,
+            tokens: 0,
+            bytes: 0,
+            stored_bytes: 0,
+            timestamp: 0,
+            llama_build: llama_build.to_string(),
+            n_ctx: 0,
+            type_k: String::new(),
+            type_v: String::new(),
+            compression: Compression::None,
+            scope: scope.to_string(),
+            turn_id: 0,
+            fence: 0,
+            segments: Vec::new(),
+        }
+    }
+
+    /// The context the state was made in: its size and the K/V cache type.
+    pub fn with_kv(mut self, n_ctx: u32, kv_type: &str) -> Header {
+        self.n_ctx = n_ctx;
+        self.type_k = kv_type.to_string();
+        self.type_v = kv_type.to_string();
+        self
+    }
+
+    /// The committed turn the KV ends with, and the fencing token of the attempt.
+    pub fn with_turn(mut self, turn_id: i64, fence: i64) -> Header {
+        self.turn_id = turn_id;
+        self.fence = fence;
+        self
+    }
+
+    pub fn with_digest(mut self, digest_version: &str) -> Header {
+        self.digest_version = digest_version.to_string();
+        self
+    }
+
+    pub fn with_segments(mut self, segments: Vec<Segment>) -> Header {
+        self.segments = segments;
+        self
+    }
+
+    pub fn with_compression(mut self, compression: Compression) -> Header {
+        self.compression = compression;
+        self
+    }
+
+    /// Unix seconds at save.
+    pub fn with_timestamp(mut self, timestamp: u64) -> Header {
+        self.timestamp = timestamp;
+        self
+    }
+}
+
+/// A decoded, verified snapshot.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub header: Header,
+    pub token_ids: Vec<i32>,
+    /// Raw llama.cpp sequence state (decompressed).
+    pub state: Vec<u8>,
+}
+
+/// Why a file is not a usable snapshot.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    #[error("not an LLKV1 file (bad magic)")]
+    BadMagic,
+    #[error("header is unterminated or longer than {MAX_HEADER_BYTES} bytes")]
+    HeaderTooLong,
+    #[error("header is malformed: {0}")]
+    Malformed(String),
+    #[error("header CRC32C mismatch")]
+    HeaderCrc,
+    #[error("payload CRC32C mismatch (stored {stored:08x}, computed {computed:08x})")]
+    PayloadCrc { stored: u32, computed: u32 },
+    #[error("file is {actual} bytes, header says {expected}: truncated or padded")]
+    Length { expected: u64, actual: u64 },
+    #[error("{field} = {value} is over the limit of {limit}")]
+    Limit {
+        field: &'static str,
+        value: u64,
+        limit: u64,
+    },
+    #[error("decompression failed: {0}")]
+    Decompress(String),
+}
+
+/// Bounds for an untrusted file, derived from the running engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_tokens: u32,
+    pub max_state_bytes: u64,
+}
+
+impl Limits {
+    /// Generous bounds for parsing any plausible file (tools, fuzzing).
+    pub const LOOSE: Limits = Limits {
+        max_tokens: 1 << 20,
+        max_state_bytes: 8 << 30,
+    };
+}
+
+/// Serialises header + tokens + state. Fills in the derived header fields.
+pub fn encode(header: &mut Header, token_ids: &[i32], state: &[u8]) -> io::Result<Vec<u8>> {
+    let payload = match header.compression {
+        Compression::Zstd => zstd::bulk::compress(state, 1)?,
+        Compression::None => state.to_vec(),
+    };
+    let token_bytes: Vec<u8> = token_ids.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let mut crc = crc32c::crc32c(&token_bytes);
+    crc = crc32c::crc32c_append(crc, &payload);
+    header.crc32c = crc;
+    header.tokens = token_ids.len() as u32;
+    header.bytes = state.len() as u64;
+    header.stored_bytes = payload.len() as u64;
+    let head = render_header(header);
+    let mut out = Vec::with_capacity(head.len() + token_bytes.len() + payload.len());
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(&token_bytes);
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+fn render_header(h: &Header) -> String {
+    let segments: Vec<String> = h
+        .segments
+        .iter()
+        .map(|s| format!("{}:{}", s.kind.code(), s.len))
+        .collect();
+    let compression = match h.compression {
+        Compression::None => "none",
+        Compression::Zstd => "zstd",
+    };
+    let mut text = format!(
+        "{MAGIC}\nformat_version={}\nmodel_sha={}\ndigest_version={}\ncrc32c={}\ntokens={}\n\
+         bytes={}\nstored_bytes={}\ntimestamp={}\nllama_build={}\nn_ctx={}\ntype_k={}\n\
+         type_v={}\ncompression={}\nscope={}\nturn_id={}\nfence={}\nsegments={}\n",
+        h.format_version,
+        h.model_sha,
+        h.digest_version,
+        h.crc32c,
+        h.tokens,
+        h.bytes,
+        h.stored_bytes,
+        h.timestamp,
+        h.llama_build,
+        h.n_ctx,
+        h.type_k,
+        h.type_v,
+        compression,
+        h.scope,
+        h.turn_id,
+        h.fence,
+        segments.join(",")
+    );
+    let crc = crc32c::crc32c(text.as_bytes());
+    text.push_str(&format!("header_crc32c={crc}\n\n"));
+    text
+}
+
+/// Parses and verifies a whole file. Never panics, whatever the bytes.
+pub fn decode(file: &[u8], limits: Limits) -> Result<Snapshot, SnapshotError> {
+    let (header, body_start) = parse_header(file, limits)?;
+    let token_len = header.tokens as u64 * 4;
+    let expected = body_start as u64 + token_len + header.stored_bytes;
+    if expected != file.len() as u64 {
+        return Err(SnapshotError::Length {
+            expected,
+            actual: file.len() as u64,
+        });
+    }
+    let body = &file[body_start..];
+    let (token_bytes, payload) = body.split_at(token_len as usize);
+    let computed = crc32c::crc32c_append(crc32c::crc32c(token_bytes), payload);
+    if computed != header.crc32c {
+        return Err(SnapshotError::PayloadCrc {
+            stored: header.crc32c,
+            computed,
+        });
+    }
+    let token_ids = token_bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let state = match header.compression {
+        Compression::None => payload.to_vec(),
+        // Capacity: the header's `bytes` (checked against the limit), but never more than
+        // this payload could possibly produce.
+        Compression::Zstd => {
+            let capacity = header.bytes.min(payload.len() as u64 * MAX_ZSTD_RATIO);
+            zstd::bulk::decompress(payload, capacity as usize)
+                .map_err(|e| SnapshotError::Decompress(e.to_string()))?
+        }
+    };
+    if state.len() as u64 != header.bytes {
+        return Err(SnapshotError::Decompress(format!(
+            "got {} bytes, header says {}",
+            state.len(),
+            header.bytes
+        )));
+    }
+    Ok(Snapshot {
+        header,
+        token_ids,
+        state,
+    })
+}
+
+/// Parses the header only, returning it and where the body starts.
+pub fn parse_header(file: &[u8], limits: Limits) -> Result<(Header, usize), SnapshotError> {
+    if !file.starts_with(b"LLKV1\n") {
+        return Err(SnapshotError::BadMagic);
+    }
+    let window = &file[..file.len().min(MAX_HEADER_BYTES)];
+    let end = window
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .ok_or(SnapshotError::HeaderTooLong)?;
+    let text = std::str::from_utf8(&file[..end + 1])
+        .map_err(|_| SnapshotError::Malformed("header is not UTF-8".into()))?;
+    let crc_at = text
+        .rfind("header_crc32c=")
+        .ok_or_else(|| SnapshotError::Malformed("no header_crc32c".into()))?;
+    let stored: u32 = parse_num(text[crc_at..].trim_end(), "header_crc32c")?;
+    if crc32c::crc32c(&text.as_bytes()[..crc_at]) != stored {
+        return Err(SnapshotError::HeaderCrc);
+    }
+    let fields = Fields::parse(&text[MAGIC.len() + 1..crc_at])?;
+    let header = fields.into_header(limits)?;
+    Ok((header, end + 2))
+}
+
+fn parse_num<T: std::str::FromStr>(line: &str, key: &str) -> Result<T, SnapshotError> {
+    let value = line
+        .strip_prefix(key)
+        .and_then(|r| r.strip_prefix('='))
+        .ok_or_else(|| SnapshotError::Malformed(format!("expected {key}=")))?;
+    value
+        .parse()
+        .map_err(|_| SnapshotError::Malformed(format!("{key} is not a number")))
+}
+
+/// The header's key=value lines, each key at most once.
+struct Fields<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'a> Fields<'a> {
+    fn parse(text: &'a str) -> Result<Fields<'a>, SnapshotError> {
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        // Only '\n' ends a line: `str::lines` would also eat a '\r' that is part of a value.
+        for line in text.split_terminator('\n') {
+            if pairs.len() >= MAX_HEADER_LINES {
+                return Err(SnapshotError::Malformed("too many header lines".into()));
+            }
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| SnapshotError::Malformed(format!("line without '=': {line:.40}")))?;
+            if !seen.insert(k) {
+                return Err(SnapshotError::Malformed(format!("duplicate key {k:.40}")));
+            }
+            pairs.push((k, v));
+        }
+        Ok(Fields(pairs))
+    }
+
+    fn str(&self, key: &str) -> Result<&'a str, SnapshotError> {
+        self.0
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| SnapshotError::Malformed(format!("missing {key}")))
+    }
+
+    fn num<T: std::str::FromStr>(&self, key: &str) -> Result<T, SnapshotError> {
+        self.str(key)?
+            .parse()
+            .map_err(|_| SnapshotError::Malformed(format!("{key} is not a number")))
+    }
+
+    fn into_header(self, limits: Limits) -> Result<Header, SnapshotError> {
+        let tokens: u32 = self.num("tokens")?;
+        let bytes: u64 = self.num("bytes")?;
+        let stored_bytes: u64 = self.num("stored_bytes")?;
+        check_limit("tokens", tokens as u64, limits.max_tokens as u64)?;
+        check_limit("bytes", bytes, limits.max_state_bytes)?;
+        check_limit("stored_bytes", stored_bytes, limits.max_state_bytes)?;
+        let compression = match self.str("compression")? {
+            "none" => Compression::None,
+            "zstd" => Compression::Zstd,
+            other => {
+                return Err(SnapshotError::Malformed(format!(
+                    "unknown compression {other:.20}"
+                )))
+            }
+        };
+        let segments = parse_segments(self.str("segments")?, tokens)?;
+        Ok(Header {
+            format_version: self.num("format_version")?,
+            model_sha: self.str("model_sha")?.to_string(),
+            digest_version: self.str("digest_version")?.to_string(),
+            crc32c: self.num("crc32c")?,
+            tokens,
+            bytes,
+            stored_bytes,
+            timestamp: self.num("timestamp")?,
+            llama_build: self.str("llama_build")?.to_string(),
+            n_ctx: self.num("n_ctx")?,
+            type_k: self.str("type_k")?.to_string(),
+            type_v: self.str("type_v")?.to_string(),
+            compression,
+            scope: self.str("scope")?.to_string(),
+            turn_id: self.num("turn_id")?,
+            fence: self.num("fence")?,
+            segments,
+        })
+    }
+}
+
+fn check_limit(field: &'static str, value: u64, limit: u64) -> Result<(), SnapshotError> {
+    if value > limit {
+        return Err(SnapshotError::Limit {
+            field,
+            value,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// Parses `B:57,T:120,...`. The segments must tile exactly `tokens` positions, and
+/// the base prompt, when present, must come first.
+pub fn parse_segments(text: &str, tokens: u32) -> Result<Vec<Segment>, SnapshotError> {
+    if text.is_empty() {
+        return if tokens == 0 {
+            Ok(Vec::new())
+        } else {
+            Err(SnapshotError::Malformed(
+                "segments do not cover the tokens".into(),
+            ))
+        };
+    }
+    let mut out = Vec::new();
+    let mut total: u64 = 0;
+    for item in text.split(',') {
+        if out.len() >= MAX_SEGMENTS {
+            return Err(SnapshotError::Malformed("too many segments".into()));
+        }
+        let (kind, len) = item
+            .split_once(':')
+            .ok_or_else(|| SnapshotError::Malformed("segment without ':'".into()))?;
+        let kind = SegKind::from_code(kind)
+            .ok_or_else(|| SnapshotError::Malformed("unknown segment kind".into()))?;
+        let len: u32 = len
+            .parse()
+            .map_err(|_| SnapshotError::Malformed("segment length is not a number".into()))?;
+        if len == 0 || (kind == SegKind::Base && !out.is_empty()) {
+            return Err(SnapshotError::Malformed(
+                "empty or misplaced segment".into(),
+            ));
+        }
+        total += len as u64;
+        out.push(Segment { kind, len });
+    }
+    if total != tokens as u64 {
+        return Err(SnapshotError::Malformed(format!(
+            "segments cover {total} tokens, header says {tokens}"
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn header() -> Header {
+        Header::new(&"ab".repeat(32), "b1", "s")
+            .with_digest(&"cd".repeat(32))
+            .with_timestamp(1_700_000_000)
+            .with_kv(4096, "f16")
+            .with_compression(Compression::Zstd)
+            .with_turn(7, 3)
+            .with_segments(vec![
+                Segment {
+                    kind: SegKind::Base,
+                    len: 3,
+                },
+                Segment {
+                    kind: SegKind::Turn,
+                    len: 2,
+                },
+            ])
+    }
+
+    pub(crate) fn sample() -> (Header, Vec<u8>) {
+        let mut h = header();
+        let state: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let file = encode(&mut h, &[1, 2, 3, 4, 5], &state).unwrap();
+        (h, file)
+    }
+
+    #[test]
+    fn round_trip_keeps_everything() {
+        for compression in [Compression::Zstd, Compression::None] {
+            let mut h = header();
+            h.compression = compression;
+            let state = vec![7u8; 3000];
+            let file = encode(&mut h, &[1, 2, 3, 4, 5], &state).unwrap();
+            let snap = decode(&file, Limits::LOOSE).unwrap();
+            assert_eq!(snap.header, h);
+            assert_eq!(snap.token_ids, vec![1, 2, 3, 4, 5]);
+            assert_eq!(snap.state, state);
+        }
+    }
+
+    #[test]
+    fn every_flipped_byte_is_detected() {
+        let (_, file) = sample();
+        for i in 0..file.len() {
+            let mut bad = file.clone();
+            bad[i] ^= 0x01;
+            assert!(
+                decode(&bad, Limits::LOOSE).is_err(),
+                "flip at {i} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_detected() {
+        let (_, file) = sample();
+        for len in 0..file.len() {
+            assert!(
+                decode(&file[..len], Limits::LOOSE).is_err(),
+                "truncation at {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_claims_are_refused_before_allocating() {
+        let mut h = header();
+        h.compression = Compression::None;
+        let mut f = encode(&mut h, &[1, 2, 3, 4, 5], &[0u8; 10]).unwrap();
+        // Rewrite bytes= to 2^40 and fix the header CRC so only the limit can catch it.
+        let s = String::from_utf8_lossy(&f).to_string();
+        let end = s.find("\n\n").unwrap() + 2;
+        let head = s[..end].replace("bytes=10\n", &format!("bytes={}\n", 1u64 << 40));
+        let crc_at = head.rfind("header_crc32c=").unwrap();
+        let crc = crc32c::crc32c(&head.as_bytes()[..crc_at]);
+        let head = format!("{}header_crc32c={crc}\n\n", &head[..crc_at]);
+        let mut forged = head.into_bytes();
+        forged.extend_from_slice(&f.split_off(end));
+        let err = decode(&forged, Limits::LOOSE).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::Limit { field: "bytes", .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn segments_must_tile_the_tokens() {
+        assert!(parse_segments("B:3,T:2", 5).is_ok());
+        assert!(parse_segments("B:3,T:2", 6).is_err());
+        assert!(parse_segments("T:3,B:2", 5).is_err());
+        assert!(parse_segments("B:0,T:5", 5).is_err());
+        assert!(parse_segments("X:5", 5).is_err());
+        assert!(parse_segments("", 0).unwrap().is_empty());
+    }
+}

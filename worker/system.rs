@@ -1,0 +1,98 @@
+//! One place builds a running system from settings: the database pool (migrated), the
+//! model, the generator and the worker's dependencies. `kvmem worker`, the demo, the
+//! tests and the benchmarks all start through here, so they run the same wiring.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::config::Settings;
+use crate::engine::{Engine, EngineError, EngineParams};
+use crate::metrics::Metrics;
+use crate::pipeline::TurnPipeline;
+use crate::runner::{Deps, Generator};
+
+/// Why a system could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemError {
+    #[error(transparent)]
+    Db(#[from] crate::db::DbError),
+    #[error("KVMEM_MODEL_PATH is not set (run ops/fetch-model for SmolLM2)")]
+    NoModel,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("model loading stopped: {0}")]
+    Join(#[from] tokio::task::JoinError),
+    #[error("settings: {0}")]
+    Settings(String),
+}
+
+/// What replies to turns.
+pub enum Model {
+    /// The echo generator, for queue mechanics only: no model, no snapshots.
+    Echo { delay: Duration },
+    /// Seed 000's pipeline on a loaded model ([`load_model`] loads the configured one;
+    /// tests and benchmarks share one per process).
+    Llama(Arc<Engine>),
+}
+
+/// Connects to `settings`' database with room for `connections`, and migrates it.
+pub async fn database(settings: &Settings, connections: u32) -> Result<PgPool, SystemError> {
+    let url = settings
+        .database_url()
+        .map_err(|e| SystemError::Settings(e.to_string()))?;
+    let pool = crate::db::connect(url, connections).await?;
+    crate::db::migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// Loads the configured model off the async runtime, checking the pinned SHA if set.
+pub async fn load_model(settings: &Settings) -> Result<Arc<Engine>, SystemError> {
+    let path: PathBuf = settings.model_path.clone().ok_or(SystemError::NoModel)?;
+    let params = EngineParams::from_settings(settings);
+    let pinned = settings.model_sha.clone();
+    let engine =
+        tokio::task::spawn_blocking(move || Engine::load(&path, pinned.as_deref(), params))
+            .await??;
+    tracing::info!(
+        model_sha = %crate::turn::short_sha(&engine.model_sha),
+        model = %engine.model_path.display(),
+        "model loaded"
+    );
+    Ok(Arc::new(engine))
+}
+
+/// The worker's dependencies: `model` behind the generator, counted in `metrics`.
+pub fn deps(
+    pool: PgPool,
+    settings: Arc<Settings>,
+    model: Model,
+    worker_id: String,
+    metrics: Arc<Metrics>,
+) -> Result<Deps, SystemError> {
+    let engine = match model {
+        Model::Echo { delay } => {
+            return Ok(Deps {
+                pool,
+                settings,
+                generator: Generator::Echo { delay },
+                worker_id,
+                metrics,
+            })
+        }
+        Model::Llama(engine) => engine,
+    };
+    if settings.concurrency > settings.engine_slots {
+        tracing::warn!("concurrency above engine_slots: extra turns wait for a free context");
+    }
+    let pipeline = TurnPipeline::new(engine, settings.clone(), pool.clone(), metrics.clone())?;
+    Ok(Deps {
+        pool,
+        settings,
+        generator: Generator::Llama(Arc::new(pipeline)),
+        worker_id,
+        metrics,
+    })
+}

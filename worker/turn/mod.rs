@@ -1,0 +1,166 @@
+//! The types every layer shares about one turn: its id and state, the claim a worker
+//! holds, the error an attempt ends in, and the log line it writes. Nothing here talks
+//! to Postgres or llama.cpp, so the queue, the pipeline and the runner all build on it.
+
+pub mod log;
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::engine::EngineError;
+use log::KvLog;
+
+/// The source of a turn failure, kept so the cause chain survives classification.
+pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A turn's primary key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct TurnId(pub i64);
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// States of the `turn_state` enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "turn_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum TurnState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Dead,
+}
+
+/// A turn this worker holds the lease for.
+#[derive(Debug, Clone)]
+pub struct ClaimedTurn {
+    pub id: TurnId,
+    pub session_id: String,
+    pub user_id: String,
+    pub character_id: i64,
+    pub message: String,
+    pub lane: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub fencing_token: i64,
+    pub owner: String,
+}
+
+/// A failed turn attempt, classified once: the queue retries only what may succeed later.
+#[derive(Debug, thiserror::Error)]
+pub enum TurnError {
+    /// Bad input that no retry can fix (a message too long for the context, say).
+    #[error("{message}")]
+    Fatal {
+        message: String,
+        #[source]
+        source: Option<Source>,
+        log: Option<Box<KvLog>>,
+    },
+    /// A database blip or an engine failure: worth another attempt after backoff.
+    #[error("{message}")]
+    Retryable {
+        message: String,
+        #[source]
+        source: Option<Source>,
+        log: Option<Box<KvLog>>,
+    },
+    /// Stopped early: the lease was lost or shutdown ran out of grace.
+    #[error("turn aborted: lease lost or shutting down")]
+    Aborted,
+}
+
+impl TurnError {
+    pub fn fatal(message: impl Into<String>) -> TurnError {
+        TurnError::Fatal {
+            message: message.into(),
+            source: None,
+            log: None,
+        }
+    }
+
+    pub fn retryable(message: impl Into<String>) -> TurnError {
+        TurnError::Retryable {
+            message: message.into(),
+            source: None,
+            log: None,
+        }
+    }
+
+    /// A retryable failure caused by `source`; the message names the cause as well, since
+    /// it is what the turn row and the log line show.
+    pub fn retryable_from(
+        context: &str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> TurnError {
+        TurnError::Retryable {
+            message: format!("{context}: {source}"),
+            source: Some(Box::new(source)),
+            log: None,
+        }
+    }
+
+    /// Attaches the partial log, so the failed attempt's row shows how far it got.
+    pub fn with_log(self, partial: KvLog) -> TurnError {
+        match self {
+            TurnError::Fatal {
+                message, source, ..
+            } => TurnError::Fatal {
+                message,
+                source,
+                log: Some(Box::new(partial)),
+            },
+            TurnError::Retryable {
+                message, source, ..
+            } => TurnError::Retryable {
+                message,
+                source,
+                log: Some(Box::new(partial)),
+            },
+            TurnError::Aborted => TurnError::Aborted,
+        }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, TurnError::Fatal { .. })
+    }
+
+    pub fn log(&self) -> Option<KvLog> {
+        match self {
+            TurnError::Fatal { log, .. } | TurnError::Retryable { log, .. } => {
+                log.as_deref().cloned()
+            }
+            TurnError::Aborted => None,
+        }
+    }
+}
+
+impl From<sqlx::Error> for TurnError {
+    fn from(e: sqlx::Error) -> TurnError {
+        TurnError::retryable_from("database", e)
+    }
+}
+
+impl From<EngineError> for TurnError {
+    fn from(e: EngineError) -> TurnError {
+        match e {
+            EngineError::Aborted => TurnError::Aborted,
+            e => TurnError::Retryable {
+                message: e.to_string(),
+                source: Some(Box::new(e)),
+                log: None,
+            },
+        }
+    }
+}
+
+/// The first 12 hex digits of a SHA-256, as logs, headers and reports show versions.
+pub fn short_sha(sha: &str) -> &str {
+    &sha[..sha.len().min(12)]
+}
