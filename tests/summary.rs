@@ -396,8 +396,9 @@ async fn smollm2_writes_a_valid_session_summary_and_a_rolling_summary(pool: PgPo
     assert_eq!(view, 1);
 }
 
-/// Two users' messages in scope '' on 2026-03-10 (today) and on two of days 2–7.
-async fn seed_days(pool: &PgPool) {
+/// Two users' messages in `guild` (None = direct chats) on 2026-03-10 (today) and on two
+/// of days 2–7.
+async fn seed_days(pool: &PgPool, guild: Option<&str>) {
     let rows = [
         (
             "u1",
@@ -423,13 +424,14 @@ async fn seed_days(pool: &PgPool) {
     ];
     for (i, (user, when, text)) in rows.iter().enumerate() {
         sqlx::query(
-            "INSERT INTO memory_messages (user_id, session_id, message_id, speaker, text, at)
-             VALUES ($1, 's', $2, $1, $3, $4::timestamptz)",
+            "INSERT INTO memory_messages (user_id, guild_id, session_id, message_id, speaker, text, at)
+             VALUES ($1, $5, 's', $2, $1, $3, $4::timestamptz)",
         )
         .bind(user)
         .bind(format!("m{i}"))
         .bind(text)
         .bind(when)
+        .bind(guild)
         .execute(pool)
         .await
         .unwrap();
@@ -446,11 +448,11 @@ fn roomy() -> SummaryConfig {
 #[sqlx::test(migrations = false)]
 async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     let svc = service(&pool, tiny_engine(), roomy()).await;
-    seed_days(&pool).await;
+    seed_days(&pool, Some("g1")).await;
     let src = |c: &daily::UserContext, k: &str| c.sources.get(k).copied();
 
     let t1 = at(14, 10);
-    let c1 = daily::user_context(&svc, "", "u1", t1).await.unwrap();
+    let c1 = daily::user_context(&svc, "g1", "u1", t1).await.unwrap();
     assert!(c1.degraded.is_empty(), "{:?}", c1.degraded);
     assert_eq!(src(&c1, "current_day"), Some(Source::Computed));
     assert_eq!(src(&c1, "historical"), Some(Source::Computed));
@@ -460,11 +462,13 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert!(svc
         .caches
         .current_day
-        .contains_key(&(String::new(), "2026-03-10-14".to_string())));
+        .contains_key(&("guild:g1".to_string(), "2026-03-10-14".to_string())));
     for d in 4..=9 {
         let day = NaiveDate::from_ymd_opt(2026, 3, d).unwrap();
         assert!(
-            svc.caches.past_days.contains_key(&(String::new(), day)),
+            svc.caches
+                .past_days
+                .contains_key(&("guild:g1".to_string(), day)),
             "day {day}"
         );
     }
@@ -472,7 +476,7 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert!(svc
         .caches
         .historical
-        .contains_key(&(String::new(), "u1".to_string(), yesterday)));
+        .contains_key(&("g1".to_string(), "u1".to_string(), yesterday)));
     let batch: Value = sqlx::query_scalar(
         "SELECT summaries FROM daily_summaries WHERE day = '2026-03-10' AND bucket = '14'",
     )
@@ -483,11 +487,11 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert_eq!(
         users,
         vec!["u1", "u2"],
-        "one batch call covers every active user of the day"
+        "one batch call covers every active user of the guild's day"
     );
 
     // Same hour: everything from memory.
-    let c2 = daily::user_context(&svc, "", "u1", at(14, 50))
+    let c2 = daily::user_context(&svc, "g1", "u1", at(14, 50))
         .await
         .unwrap();
     assert_eq!(src(&c2, "current_day"), Some(Source::Memory));
@@ -496,7 +500,7 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert_eq!(c2.context, c1.context);
 
     // Next hour bucket: the current day is made again; days 2–7 are not.
-    let c3 = daily::user_context(&svc, "", "u1", at(15, 5))
+    let c3 = daily::user_context(&svc, "g1", "u1", at(15, 5))
         .await
         .unwrap();
     assert_eq!(src(&c3, "current_day"), Some(Source::Computed));
@@ -504,7 +508,7 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
 
     // Another worker (empty caches, same database) reuses the stored results.
     let other = SummaryService::with_engine(pool.clone(), roomy(), tiny_engine()).unwrap();
-    let c4 = daily::user_context(&other, "", "u1", at(15, 30))
+    let c4 = daily::user_context(&other, "g1", "u1", at(15, 30))
         .await
         .unwrap();
     assert_eq!(src(&c4, "current_day"), Some(Source::Db));
@@ -513,11 +517,11 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert_eq!(c4.context, c3.context);
 
     // New facts change the merge key only.
-    sqlx::query("INSERT INTO memory_blobs (user_id, guild_id, blob) VALUES ('u1', '', 'u1 lives in Berlin.')")
+    sqlx::query("INSERT INTO memory_blobs (user_id, guild_id, blob) VALUES ('u1', 'g1', 'u1 lives in Berlin.')")
         .execute(&pool)
         .await
         .unwrap();
-    let c5 = daily::user_context(&svc, "", "u1", at(15, 40))
+    let c5 = daily::user_context(&svc, "g1", "u1", at(15, 40))
         .await
         .unwrap();
     assert_eq!(src(&c5, "current_day"), Some(Source::Memory));
@@ -531,7 +535,7 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     // Day rollover: yesterday becomes a past day, days 2–7 get a new end date.
     let c6 = daily::user_context(
         &svc,
-        "",
+        "g1",
         "u1",
         Utc.with_ymd_and_hms(2026, 3, 11, 0, 30, 0).unwrap(),
     )
@@ -542,7 +546,7 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert!(svc
         .caches
         .historical
-        .contains_key(&(String::new(), "u1".to_string(), today)));
+        .contains_key(&("g1".to_string(), "u1".to_string(), today)));
     let full_day: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM daily_summaries WHERE day = '2026-03-10' AND bucket = 'day'",
     )
@@ -569,7 +573,7 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn a_failing_model_degrades_to_what_exists_in_priority_order(pool: PgPool) {
     let good = service(&pool, tiny_engine(), roomy()).await;
-    seed_days(&pool).await;
+    seed_days(&pool, None).await;
     sqlx::query(
         "INSERT INTO memory_blobs (user_id, guild_id, blob) VALUES ('u1', '', 'u1 is a nurse.')",
     )
@@ -866,4 +870,260 @@ async fn compacting_a_chat_session_moves_the_boundary_and_keeps_messages(pool: P
     .await
     .unwrap();
     assert_eq!(stored, ids[21]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn direct_chats_are_summarised_one_user_at_a_time(pool: PgPool) {
+    let svc = service(&pool, tiny_engine(), roomy()).await;
+    seed_days(&pool, None).await;
+    let today = NaiveDate::from_ymd_opt(2026, 3, 10).unwrap();
+    let start = Utc.from_utc_datetime(&today.and_hms_opt(0, 0, 0).unwrap());
+    let (users, lines) = daily::day_lines(&svc, &daily::Batch::of("", "u1"), start, at(23, 0))
+        .await
+        .unwrap();
+    assert_eq!(users, vec!["u1"]);
+    assert_eq!(lines.len(), 1);
+    assert!(lines[0].contains("I ran 10 km"), "{}", lines[0]);
+    assert!(
+        lines.iter().all(|l| !l.contains("cat")),
+        "u2's words in u1's prompt"
+    );
+
+    daily::user_context(&svc, "", "u1", at(14, 10))
+        .await
+        .unwrap();
+    daily::user_context(&svc, "", "u2", at(14, 10))
+        .await
+        .unwrap();
+    let rows: Vec<(String, Value)> =
+        sqlx::query_as("SELECT scope, summaries FROM daily_summaries ORDER BY scope, day")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(rows.iter().any(|(s, _)| s == "user:u1"));
+    assert!(rows.iter().any(|(s, _)| s == "user:u2"));
+    for (scope, summaries) in &rows {
+        let keys: Vec<String> = summaries.as_object().unwrap().keys().cloned().collect();
+        let own = scope.strip_prefix("user:").unwrap();
+        assert!(
+            keys.iter().all(|k| k == own),
+            "batch {scope} summarises {keys:?}"
+        );
+    }
+}
+
+const ALICE_SECRET: &str = "vault code 7319";
+
+/// Alice has a closed session with a summary, a rolling summary, a spine and a merged user
+/// context, all carrying her secret; Bob has one turn of his own. Written as the lane would
+/// leave them: these tests are about who can read them.
+async fn two_tenants(pool: &PgPool) -> (i64, i64) {
+    common::migrate(pool).await;
+    let a = common::character(pool, "alice", "Ada").await;
+    let b = common::character(pool, "bob", "Bo").await;
+    turn(
+        pool,
+        "alice",
+        a,
+        at(9, 0),
+        "Remember the vault code 7319",
+        "Noted",
+    )
+    .await;
+    turn(pool, "bob", b, at(9, 0), "Hello", "Hi Bob").await;
+    sqlx::query(
+        "SELECT kvmem_summary_close(id, $1, 'test') FROM summary_sessions WHERE user_id = 'alice'",
+    )
+    .bind(at(10, 0))
+    .execute(pool)
+    .await
+    .unwrap();
+    let summary = json!({"one_liner": format!("Alice shared her {ALICE_SECRET}."),
+        "what_mattered": [ALICE_SECRET], "open_loops": [], "commitments": [], "people": [],
+        "tone": "calm"});
+    for sql in [
+        "INSERT INTO session_summaries (session_id, user_id, character_id, status, summary, attempts)
+         SELECT id, user_id, character_id, 'ok', $1, 1 FROM summary_sessions WHERE user_id = 'alice'",
+        "UPDATE session_state SET rolling_summary = 'Alice: ' || ($1->>'one_liner') WHERE user_id = 'alice'",
+        "INSERT INTO rolling_summaries (user_id, character_id, message_count, last_message_id, content)
+         SELECT user_id, character_id, 1, 0, rolling_summary FROM session_state WHERE user_id = 'alice'",
+        "INSERT INTO summary_spine (user_id, version, content, sections, message_count, message_total_at)
+         VALUES ('alice', 1, 'PROFILE:\n- ' || ($1->>'one_liner'), '{}', 20, 20)",
+        "INSERT INTO user_contexts (scope, user_id, facts_hash, current_hash, historical_hash, context)
+         VALUES ('', 'alice', 'f', 'c', 'h', $1->>'one_liner')",
+    ] {
+        sqlx::query(sql).bind(&summary).execute(pool).await.unwrap();
+    }
+    (a, b)
+}
+
+fn no_leak(what: &str, text: &str) {
+    assert!(
+        !text.contains("7319"),
+        "{what} leaks Alice's summaries: {text}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn views_keep_each_user_to_their_own_summaries(pool: PgPool) {
+    let (a, b) = two_tenants(&pool).await;
+    for view in [
+        "kvmem_session_context",
+        "kvmem_rolling_summary",
+        "kvmem_session_summaries",
+        "kvmem_spine",
+        "kvmem_user_context",
+        "kvmem_session_state",
+    ] {
+        let bob: Vec<Value> = sqlx::query_scalar(&format!(
+            "SELECT to_jsonb(v) FROM {view} v WHERE user_id = 'bob'"
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        no_leak(view, &Value::from(bob).to_string());
+        let alice: Vec<Value> = sqlx::query_scalar(&format!(
+            "SELECT to_jsonb(v) FROM {view} v WHERE user_id = 'alice'"
+        ))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let alice = Value::from(alice).to_string();
+        assert!(
+            alice.contains("7319"),
+            "{view} lost Alice's own row: {alice}"
+        );
+    }
+    let crossed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM kvmem_session_context WHERE user_id = 'bob' AND character_id = $1",
+    )
+    .bind(a)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(crossed, 0, "Bob with Alice's character finds nothing");
+    let own: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM kvmem_session_context WHERE user_id = 'bob' AND character_id = $1",
+    )
+    .bind(b)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(own, 1, "Bob's own context row");
+}
+
+#[sqlx::test(migrations = false)]
+async fn cli_shows_each_user_only_their_own_summaries(pool: PgPool) {
+    let (a, _) = two_tenants(&pool).await;
+    let url = common::db_url(&pool).await;
+    let run = |args: &[&str]| {
+        common::kvmem_command(&url)
+            .args(["summary"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["show", "--user", "alice"]);
+    common::assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("7319") && text.contains("spine v1"), "{text}");
+
+    let out = run(&["show", "--user", "bob"]);
+    common::assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    no_leak("summary show --user bob", &text);
+    assert!(text.contains("spine: none yet"), "{text}");
+
+    let out = run(&["show", "--user", "bob", "--character", &a.to_string()]);
+    common::assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    no_leak("show with Alice's character", &text);
+    assert!(text.contains("no session state for user bob"), "{text}");
+
+    let alices_jobs = || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM summary_jobs WHERE user_id = 'alice' OR character_id = $1",
+        )
+        .bind(a)
+        .fetch_one(&pool)
+    };
+    let before = alices_jobs().await.unwrap();
+    let out = run(&["rebuild", "--user", "bob", "--character", &a.to_string()]);
+    common::assert_success(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "queued 1 summary jobs"
+    );
+    assert_eq!(
+        alices_jobs().await.unwrap(),
+        before,
+        "only Bob's spine was queued"
+    );
+
+    let out = run(&["show", "--user", "  "]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--user must not be blank"), "{err}");
+
+    let out = common::kvmem_command(&url).arg("status").output().unwrap();
+    common::assert_success(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("summary lane:") && text.contains("spine    queued   1"),
+        "{text}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn http_summary_route_serves_the_caller_only(pool: PgPool) {
+    let (a, b) = two_tenants(&pool).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let state = kvmem::http::AppState::new(
+        pool.clone(),
+        Arc::new(common::settings(json!({}))),
+        String::new(),
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    let client = reqwest::Client::new();
+    let get = |user: &str, character: i64| {
+        client
+            .get(format!(
+                "{base}/v1/memory/summary?user={user}&character={character}"
+            ))
+            .send()
+    };
+
+    let r = get("alice", a).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["user_id"], "alice");
+    assert_eq!(body["spine_version"], 1);
+    assert!(body["latest_session_summary"]["one_liner"]
+        .as_str()
+        .unwrap()
+        .contains("7319"));
+
+    let r = get("bob", a).await.unwrap();
+    assert_eq!(r.status(), 404);
+    no_leak("Bob asking for Alice's character", &r.text().await.unwrap());
+
+    let r = get("bob", b).await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    no_leak("Bob's own summaries", &text);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["latest_session_summary"], Value::Null);
+    assert_eq!(body["spine"], Value::Null);
+
+    let r = get("%20", b).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let r = client
+        .get(format!("{base}/v1/memory/summary?user=bob&character=x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "a character that is not a number");
+    shutdown.cancel();
 }

@@ -47,3 +47,24 @@ CREATE OR REPLACE VIEW kvmem_summary_lane AS
 SELECT kind, state, count(*) AS jobs, min(run_at) FILTER (WHERE state = 'queued') AS next_due
   FROM summary_jobs
  GROUP BY kind, state;
+
+-- What a new session of a user and character starts from (seed 001's timeline: "Context
+-- includes: latest SessionSummary, rollingSummary"), plus the user's current spine.
+CREATE OR REPLACE VIEW kvmem_session_context AS
+SELECT st.user_id, st.character_id, st.rolling_summary,
+       ls.session_id AS latest_session_id, ls.ended_at AS latest_session_ended_at,
+       ls.summary AS latest_session_summary,
+       sp.version AS spine_version, sp.content AS spine,
+       os.id AS open_session_id, os.started_at AS open_session_started_at
+  FROM session_state st
+  LEFT JOIN LATERAL (
+       SELECT ss.session_id, s.ended_at, ss.summary
+         FROM session_summaries ss
+         JOIN summary_sessions s ON s.id = ss.session_id
+        WHERE ss.user_id = st.user_id AND ss.character_id = st.character_id
+          AND ss.status = 'ok'
+        ORDER BY ss.id DESC
+        LIMIT 1) ls ON true
+  LEFT JOIN kvmem_spine sp ON sp.user_id = st.user_id
+  LEFT JOIN summary_sessions os
+         ON os.user_id = st.user_id AND os.character_id = st.character_id AND os.ended_at IS NULL;

@@ -83,3 +83,18 @@ impl From<crate::memory::http::HttpError> for ApiError {
         ApiError::new(status, kind, e.to_string())
     }
 }
+
+impl From<crate::summary::SummaryError> for ApiError {
+    fn from(e: crate::summary::SummaryError) -> ApiError {
+        use crate::summary::SummaryError;
+        match e {
+            SummaryError::Invalid(m) => ApiError::bad_request(m),
+            SummaryError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, "not_found_error", m),
+            other => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                other.to_string(),
+            ),
+        }
+    }
+}

@@ -1,5 +1,5 @@
-//! `/v1/memory/*`: the long-term memory's search, snapshot and refresh, behind the
-//! server's auth and scoped to the asking user.
+//! `/v1/memory/*`: the long-term memory's search, snapshot and refresh, and the summaries a
+//! new session starts from, behind the server's auth and scoped to the asking user.
 
 use std::sync::Arc;
 
@@ -49,4 +49,21 @@ pub(super) async fn memory_refresh(
     let svc = memory_service(&state)?;
     let done = crate::memory::http::refresh(state.pool.clone(), &svc, p).await?;
     Ok(Json(done).into_response())
+}
+
+/// `GET /v1/memory/summary?user=&character=` query.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub(super) struct SummaryParams {
+    user: String,
+    character: i64,
+}
+
+/// `GET /v1/memory/summary?user=&character=`: the caller's latest session summary, rolling
+/// summary and spine for one of the caller's characters (404 for anyone else's).
+pub(super) async fn memory_summary(
+    State(state): State<AppState>,
+    Query(p): Query<SummaryParams>,
+) -> Result<Response, ApiError> {
+    let context = crate::summary::session_context::load(&state.pool, &p.user, p.character).await?;
+    Ok(Json(context).into_response())
 }

@@ -31,7 +31,7 @@ mod ops;
 use chat::chat;
 use error::ApiError;
 use hint::rotate_hint;
-use memory::{memory_refresh, memory_search, memory_snapshot};
+use memory::{memory_refresh, memory_search, memory_snapshot, memory_summary};
 use ops::{info, metrics};
 
 /// What the server needs; cheap to clone.
@@ -86,6 +86,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/memory/search", get(memory_search))
         .route("/v1/memory", get(memory_snapshot))
         .route("/v1/memory/refresh", post(memory_refresh))
+        .route("/v1/memory/summary", get(memory_summary))
         .layer(DefaultBodyLimit::max(state.settings.http_max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))

@@ -30,6 +30,8 @@ pub enum CliError {
     Json(#[from] serde_json::Error),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 pub type Result<T, E = CliError> = std::result::Result<T, E>;
@@ -87,42 +89,69 @@ pub async fn run(args: SummaryArgs, settings: Settings) -> Result<()> {
     crate::db::migrate(&pool).await?;
     match args.command {
         SummaryCommand::Show { user, character } => {
-            print!("{}", show(&pool, &user, character).await?)
+            print!("{}", show(&pool, &user, character).await?);
+            Ok(())
         }
         SummaryCommand::Rebuild {
             user,
             character,
             run,
-        } => {
-            let n: i64 = sqlx::query_scalar(include_str!("../../sql/summary/rebuild_queue.sql"))
-                .bind(&user)
-                .bind(character)
-                .fetch_one(&pool)
-                .await?;
-            println!("queued {n} summary jobs");
-            if run {
-                work(&pool, &settings).await?;
-            }
-        }
-        SummaryCommand::Work => work(&pool, &settings).await?,
-        SummaryCommand::Context { user, scope } => {
-            let svc = SummaryService::load(pool.clone(), &settings).await;
-            let c = daily::user_context(&svc, &scope, &user, Utc::now()).await?;
-            println!("{}", serde_json::to_string_pretty(&c)?);
-        }
-        SummaryCommand::Export { session, file } => {
-            let found = ContextManager::new(pool).export(&session, &file).await?;
-            if !found {
-                return Err(CliError::NotFound(format!(
-                    "no context for session {session}"
-                )));
-            }
-            println!("wrote {}", file.display());
-        }
+        } => rebuild(&pool, &settings, &user, character, run).await,
+        SummaryCommand::Work => work(&pool, &settings).await,
+        SummaryCommand::Context { user, scope } => context(&pool, &settings, &user, &scope).await,
+        SummaryCommand::Export { session, file } => export(pool, &session, &file).await,
         SummaryCommand::Import { file } => {
             let id = ContextManager::new(pool).import(&file).await?;
             println!("imported context {id}");
+            Ok(())
         }
+    }
+}
+
+/// Queues fresh summaries of everything the user has (one character or all), and with
+/// `run` works them off here instead of waiting for a worker's idle lane.
+async fn rebuild(
+    pool: &PgPool,
+    settings: &Settings,
+    user: &str,
+    character: Option<i64>,
+    run: bool,
+) -> Result<()> {
+    check_user(user)?;
+    let n: i64 = sqlx::query_scalar(include_str!("../../sql/summary/rebuild_queue.sql"))
+        .bind(user)
+        .bind(character)
+        .fetch_one(pool)
+        .await?;
+    println!("queued {n} summary jobs");
+    if run {
+        work(pool, settings).await?;
+    }
+    Ok(())
+}
+
+async fn context(pool: &PgPool, settings: &Settings, user: &str, scope: &str) -> Result<()> {
+    check_user(user)?;
+    let svc = SummaryService::load(pool.clone(), settings).await;
+    let c = daily::user_context(&svc, scope, user, Utc::now()).await?;
+    println!("{}", serde_json::to_string_pretty(&c)?);
+    Ok(())
+}
+
+async fn export(pool: PgPool, session: &str, file: &std::path::Path) -> Result<()> {
+    if !ContextManager::new(pool).export(session, file).await? {
+        return Err(CliError::NotFound(format!(
+            "no context for session {session}"
+        )));
+    }
+    println!("wrote {}", file.display());
+    Ok(())
+}
+
+/// A blank user would match nothing and print an empty report that looks like an answer.
+fn check_user(user: &str) -> Result<()> {
+    if user.trim().is_empty() {
+        return Err(CliError::Invalid("--user must not be blank".into()));
     }
     Ok(())
 }
@@ -135,12 +164,9 @@ async fn work(pool: &PgPool, settings: &Settings) -> Result<()> {
     Ok(())
 }
 
-/// The text `kvmem summary show` prints.
-pub async fn show(
-    pool: &PgPool,
-    user: &str,
-    character: Option<i64>,
-) -> Result<String, sqlx::Error> {
+/// The text `kvmem summary show` prints: this user's rows only, per character.
+pub async fn show(pool: &PgPool, user: &str, character: Option<i64>) -> Result<String> {
+    check_user(user)?;
     let mut out = String::new();
     let rows = sqlx::query(include_str!("../../sql/summary/show.sql"))
         .bind(user)
@@ -151,43 +177,45 @@ pub async fn show(
         let _ = writeln!(out, "no session state for user {user}");
     }
     for r in &rows {
-        let _ = writeln!(out, "character {}:", r.get::<i64, _>("character_id"));
-        let _ = writeln!(out, "  state: {}", r.get::<Value, _>("state"));
-        let _ = writeln!(
-            out,
-            "  rolling summary ({} versions): {}",
-            r.get::<i64, _>("rolling_versions"),
-            r.get::<String, _>("rolling_summary")
-        );
-        if let Some(s) = r.get::<Option<Value>, _>("open_session") {
-            let _ = writeln!(out, "  open session: {s}");
-        }
-        for s in r
-            .get::<Option<Value>, _>("sessions")
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-        {
-            let _ = writeln!(out, "  session summary: {s}");
-        }
+        show_character(&mut out, r);
     }
-    match sqlx::query(include_str!("../../sql/summary/spine_current.sql"))
+    let spine = sqlx::query(include_str!("../../sql/summary/spine_current.sql"))
         .bind(user)
         .fetch_optional(pool)
-        .await?
-    {
+        .await?;
+    match spine {
         Some(s) => {
-            let _ = writeln!(
-                out,
-                "spine v{}:\n{}",
-                s.get::<i32, _>("version"),
-                s.get::<String, _>("content")
-            );
+            let version = s.get::<i32, _>("version");
+            let _ = writeln!(out, "spine v{version}:\n{}", s.get::<String, _>("content"));
         }
         None => {
             let _ = writeln!(out, "spine: none yet");
         }
     }
     Ok(out)
+}
+
+fn show_character(out: &mut String, r: &sqlx::postgres::PgRow) {
+    let _ = writeln!(out, "character {}:", r.get::<i64, _>("character_id"));
+    let _ = writeln!(out, "  state: {}", r.get::<Value, _>("state"));
+    let _ = writeln!(
+        out,
+        "  rolling summary ({} versions): {}",
+        r.get::<i64, _>("rolling_versions"),
+        r.get::<String, _>("rolling_summary")
+    );
+    if let Some(s) = r.get::<Option<Value>, _>("open_session") {
+        let _ = writeln!(out, "  open session: {s}");
+    }
+    let sessions = r.get::<Option<Value>, _>("sessions");
+    for s in sessions
+        .as_ref()
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let _ = writeln!(out, "  session summary: {s}");
+    }
 }
 
 /// The summary lane's lines for `kvmem status`.

@@ -1,7 +1,7 @@
-//! Seed 004's transient memory: one batch model call per (scope, day) summarises every
-//! active user of that day, a days 2–7 summary is made per user when the day rolls over,
-//! and a 3-way merge of facts, current day and history gives the user context, facts
-//! winning. Each level is cached (see [`super::cache`]) and stored in Postgres. When the
+//! Seed 004's transient memory: one batch model call per (guild, day) summarises every
+//! active user of that day (a direct chat's user alone), a days 2–7 summary is made per
+//! user when the day rolls over, and a 3-way merge of facts, current day and history gives
+//! the user context, facts winning. Each level is cached (see [`super::cache`]) and stored in Postgres. When the
 //! model fails, what exists is returned in priority order and the reason is recorded.
 
 use std::collections::BTreeMap;
@@ -51,72 +51,131 @@ pub fn historical_days(now: DateTime<Utc>) -> Vec<NaiveDate> {
     (1..=6).rev().map(|d| today - Duration::days(d)).collect()
 }
 
-/// The batch summaries of `day` for `scope`, as of `now`: the current day under its hour
+/// Whose messages one batch call reads. A guild's members talk in shared channels, so seed
+/// 004 summarises them in one call; direct chats are private, so each user is a batch of
+/// one and no user's words ever reach a prompt that summarises another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// The guild ('' = direct chats).
+    pub guild: String,
+    /// Set for direct chats: the one user of the batch.
+    pub user: Option<String>,
+}
+
+impl Batch {
+    pub fn of(scope: &str, user: &str) -> Batch {
+        Batch {
+            guild: scope.to_string(),
+            user: scope.is_empty().then(|| user.to_string()),
+        }
+    }
+
+    /// The cache and storage key: `guild:<id>` or `user:<id>`.
+    pub fn key(&self) -> String {
+        match &self.user {
+            Some(u) => format!("user:{u}"),
+            None => format!("guild:{}", self.guild),
+        }
+    }
+}
+
+/// The batch summaries of `day` for `batch`, as of `now`: the current day under its hour
 /// bucket (TTL cache), a past day under its date (LRU). Memory, then Postgres, then model.
 pub async fn day_summaries(
     svc: &SummaryService,
-    scope: &str,
+    batch: &Batch,
     day: NaiveDate,
     now: DateTime<Utc>,
 ) -> Result<(Arc<DayMap>, Source)> {
-    let current = day == now.date_naive();
-    let bucket = if current {
-        format!("{:02}", now.hour())
-    } else {
-        "day".into()
-    };
-    let cache_name = if current { "current_day" } else { "past_day" };
-    let hit = if current {
-        svc.caches
-            .current_day
-            .get(&(scope.to_string(), hour_bucket(now)))
-    } else {
-        svc.caches.past_days.get(&(scope.to_string(), day))
-    };
-    let put = |m: Arc<DayMap>| {
-        if current {
-            svc.caches
-                .current_day
-                .insert((scope.to_string(), hour_bucket(now)), m);
-        } else {
-            svc.caches.past_days.insert((scope.to_string(), day), m);
-        }
-    };
-    if let Some(m) = hit {
-        record(cache_name, Source::Memory);
+    let slot = DaySlot::new(batch, day, now);
+    if let Some(m) = slot.cached(svc) {
+        record(slot.cache_name(), Source::Memory);
         return Ok((m, Source::Memory));
     }
     let stored: Option<serde_json::Value> =
         sqlx::query_scalar(include_str!("../../sql/summary/daily_get.sql"))
-            .bind(scope)
+            .bind(&slot.key)
             .bind(day)
-            .bind(&bucket)
+            .bind(&slot.bucket)
             .fetch_optional(&svc.pool)
             .await?;
     if let Some(v) = stored {
         let m: Arc<DayMap> = Arc::new(serde_json::from_value(v)?);
-        put(m.clone());
-        record(cache_name, Source::Db);
+        slot.put(svc, m.clone());
+        record(slot.cache_name(), Source::Db);
         return Ok((m, Source::Db));
     }
-    let end = if current {
-        now
-    } else {
-        day_start(day + Duration::days(1))
+    let end = match slot.current {
+        true => now,
+        false => day_start(day + Duration::days(1)),
     };
-    let (map, elapsed_ms) = batch_summarise(svc, scope, day_start(day), end).await?;
+    let (map, elapsed_ms) = batch_summarise(svc, batch, day_start(day), end).await?;
     sqlx::query(include_str!("../../sql/summary/daily_put.sql"))
-        .bind(scope)
+        .bind(&slot.key)
         .bind(day)
-        .bind(&bucket)
+        .bind(&slot.bucket)
         .bind(serde_json::to_value(&map)?)
         .bind(elapsed_ms as i32)
         .execute(&svc.pool)
         .await?;
     let m = Arc::new(map);
-    put(m.clone());
-    record(cache_name, Source::Computed);
+    slot.put(svc, m.clone());
+    record(slot.cache_name(), Source::Computed);
     Ok((m, Source::Computed))
+}
+
+/// Where one day's batch lives: the current day in the TTL cache under its hour bucket, a
+/// past day in the LRU under its date; in Postgres under (key, day, "HH" or "day").
+struct DaySlot {
+    key: String,
+    day: NaiveDate,
+    current: bool,
+    bucket: String,
+    hour_key: String,
+}
+
+impl DaySlot {
+    fn new(batch: &Batch, day: NaiveDate, now: DateTime<Utc>) -> DaySlot {
+        let current = day == now.date_naive();
+        DaySlot {
+            key: batch.key(),
+            day,
+            current,
+            bucket: match current {
+                true => format!("{:02}", now.hour()),
+                false => "day".into(),
+            },
+            hour_key: hour_bucket(now),
+        }
+    }
+
+    fn cache_name(&self) -> &'static str {
+        if self.current {
+            "current_day"
+        } else {
+            "past_day"
+        }
+    }
+
+    fn cached(&self, svc: &SummaryService) -> Option<Arc<DayMap>> {
+        match self.current {
+            true => svc
+                .caches
+                .current_day
+                .get(&(self.key.clone(), self.hour_key.clone())),
+            false => svc.caches.past_days.get(&(self.key.clone(), self.day)),
+        }
+    }
+
+    fn put(&self, svc: &SummaryService, m: Arc<DayMap>) {
+        match self.current {
+            true => svc
+                .caches
+                .current_day
+                .insert((self.key.clone(), self.hour_key.clone()), m),
+            false => svc.caches.past_days.insert((self.key.clone(), self.day), m),
+        }
+    }
 }
 
 /// Seed 004's XML message format.
@@ -170,18 +229,19 @@ messages in XML. For each user: notable events or experiences they mentioned, th
 topics they discussed, behaviour they showed, and what others revealed about them. Third \
 person, about 300 characters per user. Answer with a JSON object from user id to summary.";
 
-/// One model call for every active user of [start, end) in `scope`. No messages, no call.
-async fn batch_summarise(
+/// The batch's users (in order of first message) and its messages in seed 004's XML.
+pub async fn day_lines(
     svc: &SummaryService,
-    scope: &str,
+    batch: &Batch,
     start: DateTime<Utc>,
     end: DateTime<Utc>,
-) -> Result<(DayMap, u64)> {
+) -> Result<(Vec<String>, Vec<String>)> {
     let rows = sqlx::query(include_str!("../../sql/summary/day_messages.sql"))
-        .bind(scope)
+        .bind(&batch.guild)
         .bind(start)
         .bind(end)
         .bind(DAY_MESSAGES)
+        .bind(batch.user.as_deref())
         .fetch_all(&svc.pool)
         .await?;
     let mut users: Vec<String> = Vec::new();
@@ -190,21 +250,29 @@ async fn batch_summarise(
         let user: String = r.get("user_id");
         let speaker: String = r.get("speaker");
         let (author_id, author) = match speaker.as_str() {
-            "assistant" => (
-                format!(
-                    "character:{}",
-                    r.get::<Option<i64>, _>("character_id").unwrap_or(0)
-                ),
-                "character".to_string(),
-            ),
+            "assistant" => {
+                let character = r.get::<Option<i64>, _>("character_id").unwrap_or(0);
+                (format!("character:{character}"), "character".to_string())
+            }
             "user" => (user.clone(), user.clone()),
             name => (user.clone(), name.to_string()),
         };
         if !users.contains(&user) {
-            users.push(user.clone());
+            users.push(user);
         }
         lines.push(xml_message(r.get("at"), &author_id, &author, r.get("text")));
     }
+    Ok((users, lines))
+}
+
+/// One model call for every active user of the batch in [start, end). No messages, no call.
+async fn batch_summarise(
+    svc: &SummaryService,
+    batch: &Batch,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+) -> Result<(DayMap, u64)> {
+    let (users, lines) = day_lines(svc, batch, start, end).await?;
     if users.is_empty() {
         return Ok((DayMap::new(), 0));
     }
@@ -219,13 +287,13 @@ async fn batch_summarise(
     };
     let g = model.generate(prompt).await.map_err(SummaryError::Model)?;
     let map: BTreeMap<String, String> = serde_json::from_str(&g.text).map_err(|e| {
+        let cut = if g.truncated {
+            " (cut off by the token budget)"
+        } else {
+            ""
+        };
         SummaryError::Model(format!(
-            "daily batch answer is not the users' JSON{}: {e}",
-            if g.truncated {
-                " (cut off by the token budget)"
-            } else {
-                ""
-            }
+            "daily batch answer is not the users' JSON{cut}: {e}"
         ))
     })?;
     let map = map
@@ -271,7 +339,7 @@ pub async fn historical(
     }
     let mut lines = Vec::new();
     for d in &days {
-        let (m, _) = day_summaries(svc, scope, *d, now).await?;
+        let (m, _) = day_summaries(svc, &Batch::of(scope, user), *d, now).await?;
         if let Some(s) = m.get(user) {
             lines.push(format!("{} ({}): {s}", d, d.format("%A")));
         }
@@ -335,7 +403,7 @@ pub async fn user_context(
         sources: BTreeMap::new(),
         degraded: Vec::new(),
     };
-    match day_summaries(svc, scope, now.date_naive(), now).await {
+    match day_summaries(svc, &Batch::of(scope, user), now.date_naive(), now).await {
         Ok((m, src)) => {
             out.sources.insert("current_day", src);
             out.current_day = m.get(user).cloned();

@@ -7,7 +7,8 @@
 //! Layout: [`llm`] (the model on its own thread), [`schema`] (seed 001's session-summary
 //! JSON, its grammar and validation), [`jobs`] (the lane: close, rolling, session, spine),
 //! [`spine`], [`daily`] (daily, historical, merge, degradation), [`cache`] (moka caches and
-//! their hit counters), [`context_manager`] (seed 003's API and compactor), [`cli`].
+//! their hit counters), [`context_manager`] (seed 003's API and compactor),
+//! [`session_context`] (what a new session starts from), [`cli`].
 
 pub mod cache;
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod daily;
 pub mod jobs;
 pub mod llm;
 pub mod schema;
+pub mod session_context;
 pub mod spine;
 
 use std::path::PathBuf;
