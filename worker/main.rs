@@ -43,7 +43,11 @@ enum Command {
     Enqueue(EnqueueArgs),
     /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
-    Demo,
+    Demo {
+        /// `memory`: a session closes, is summarised, and the next one opens with it.
+        #[arg(long, value_enum, default_value = "runbook")]
+        scene: kvmem::cmd::demo::Scene,
+    },
     /// Seed 000's kvserver HTTP API (chat completions, rotate-hint, info, metrics), with
     /// a worker in the same process unless --no-worker.
     Serve(ServeArgs),
@@ -131,7 +135,7 @@ struct ReplayArgs {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let default_env = if matches!(cli.command, Command::Demo) {
+    let default_env = if matches!(cli.command, Command::Demo { .. }) {
         "demo"
     } else {
         "local"
@@ -139,7 +143,7 @@ async fn main() -> Result<()> {
     let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
     match cli.command {
-        Command::Demo => kvmem::cmd::demo::run(settings).await,
+        Command::Demo { scene } => kvmem::cmd::demo::run(settings, scene).await,
         Command::Memory(args) => Ok(kvmem::memory::cli::run(args, settings).await?),
         Command::Summary(args) => Ok(kvmem::summary::cli::run(args, settings).await?),
         Command::Migrate => migrate(&settings).await,

@@ -1,5 +1,6 @@
-//! `kvmem demo`: seed 000's 10-turn runbook scene, end to end on a real model and a real
-//! Postgres, so a newcomer sees the warm/cold and digest pattern in one command.
+//! `kvmem demo`: seed 000's 10-turn runbook scene (or `--scene memory`, issue 14's
+//! summaries), end to end on a real model and a real Postgres, so a newcomer sees the
+//! warm/cold and digest pattern in one command.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -100,8 +101,18 @@ fn model_path(settings: &Settings) -> Result<PathBuf> {
     Ok(PathBuf::from(text.lines().last().unwrap_or("").trim()))
 }
 
+/// Which scene `kvmem demo` plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scene {
+    /// Seed 000's 10-turn runbook: warm and cold starts, the digest, a summary table.
+    Runbook,
+    /// Issue 14's summaries: a session closes, its summary is made, a new session opens
+    /// with it available.
+    Memory,
+}
+
 /// Runs the scene. Leaves nothing running: the worker stops, a cluster it started is removed.
-pub async fn run(settings: Settings) -> Result<()> {
+pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
     let (_pg, url) = match settings.database_url.clone().filter(|u| !u.is_empty()) {
         Some(url) => (None, url),
         None => {
@@ -113,7 +124,13 @@ pub async fn run(settings: Settings) -> Result<()> {
     let kv_dir = tempfile_dir()?;
     let settings = settings.with(serde_json::json!({ "kv_dir": kv_dir, "database_url": url }))?;
     let model = model_path(&settings)?;
-    let settings = Arc::new(settings.with(serde_json::json!({ "model_path": model }))?);
+    let mut overrides = serde_json::json!({ "model_path": model });
+    if scene == Scene::Memory {
+        // The summary lane alone: extraction and embedding would share the two cores.
+        overrides["memory_lane"] = false.into();
+        overrides["summary_lane"] = true.into();
+    }
+    let settings = Arc::new(settings.with(overrides)?);
     let pool = crate::system::database(&settings, 8).await?;
     let engine = crate::system::load_model(&settings).await?;
     eprintln!(
@@ -130,14 +147,21 @@ pub async fn run(settings: Settings) -> Result<()> {
     )?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
-    let result = scene(&pool).await;
+    let result = match scene {
+        Scene::Runbook => runbook(&pool).await,
+        Scene::Memory => super::demo_memory::scene(&pool).await,
+    };
     shutdown.cancel();
     let _ = handle.await;
     let _ = std::fs::remove_dir_all(&kv_dir);
-    let sid = result?;
-    println!("\n{}", summary(&pool, &sid).await?);
+    println!("\n{}", result?);
     pool.close().await;
     Ok(())
+}
+
+async fn runbook(pool: &PgPool) -> Result<String> {
+    let sid = scene(pool).await?;
+    summary(pool, &sid).await
 }
 
 fn tempfile_dir() -> Result<PathBuf> {
@@ -185,7 +209,7 @@ async fn scene(pool: &PgPool) -> Result<String> {
     Ok(sid)
 }
 
-async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
+pub(super) async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     loop {
         let row = sqlx::query(include_str!("../../sql/cmd/demo_turn_state.sql"))

@@ -2,5 +2,6 @@
 //! queue status report. Each is a library function so tests drive them directly.
 
 pub mod demo;
+mod demo_memory;
 pub mod replay;
 pub mod status;

@@ -1,0 +1,198 @@
+//! `kvmem demo --scene memory`: issue 14's summaries seen end to end on SmolLM2, through
+//! the real queue, worker and summary lane. A first session of four turns gets a rolling
+//! summary, goes idle, closes and is summarised; the next message opens a second session
+//! whose context carries that summary.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde_json::Value;
+use sqlx::{PgPool, Row};
+
+use super::demo::wait_done;
+use crate::queue;
+
+/// The first session: four user turns, so seed 001's rolling summary is due.
+const FIRST: [&str; 4] = [
+    "Hi, I'm Sam. I just moved to Porto with my sister Ana.",
+    "The move was stressful. I still need to find a flat near the river.",
+    "I promised Ana I would visit three flats on Saturday.",
+    "I also start my new nursing job next week, so I'm nervous.",
+];
+const SECOND: &str = "I'm back. Do you remember what I have to do on Saturday?";
+
+/// The scene's idle timeout: production closes a session after 1800 s; the scene waits
+/// this long instead so it runs in about a minute. The previous value is restored.
+const DEMO_IDLE_S: &str = "15";
+const USER: &str = "demo_sam";
+
+/// Plays the scene and returns the report to print.
+pub async fn scene(pool: &PgPool) -> Result<String> {
+    let before: Option<String> =
+        sqlx::query_scalar(include_str!("../../sql/cmd/demo_idle_get.sql"))
+            .fetch_optional(pool)
+            .await?;
+    set_idle(pool, DEMO_IDLE_S).await?;
+    let played = play(pool).await;
+    set_idle(pool, before.as_deref().unwrap_or("1800")).await?;
+    played
+}
+
+async fn set_idle(pool: &PgPool, seconds: &str) -> Result<()> {
+    sqlx::query(include_str!("../../sql/cmd/demo_idle_set.sql"))
+        .bind(seconds)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+async fn play(pool: &PgPool) -> Result<String> {
+    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
+        .fetch_one(pool)
+        .await?;
+    let ch: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
+        .bind(USER)
+        .bind(eq)
+        .fetch_one(pool)
+        .await?;
+    let sid = format!("demo_mem_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "## Session 1 (idle timeout {DEMO_IDLE_S} s for the demo; 1800 s in production)"
+    );
+    for msg in FIRST {
+        say(pool, &sid, ch, msg, &mut out).await?;
+    }
+    let first = wait_for_close(pool, ch).await?;
+    report_first(pool, ch, first, &mut out).await?;
+    let _ = writeln!(out, "\n## Session 2");
+    say(pool, &sid, ch, SECOND, &mut out).await?;
+    report_second(pool, ch, &mut out).await?;
+    report_events(pool, &mut out).await?;
+    Ok(out)
+}
+
+async fn say(pool: &PgPool, sid: &str, ch: i64, msg: &str, out: &mut String) -> Result<()> {
+    let id = queue::enqueue(pool, sid, USER, ch, msg, None).await?;
+    let reply = wait_done(pool, id).await?;
+    eprintln!("user: {msg}\nreply: {}", reply.trim());
+    let _ = writeln!(out, "user:  {msg}\nreply: {}", reply.trim());
+    Ok(())
+}
+
+/// Waits (real time: the close is a real-time behaviour) until the first session has
+/// closed and its summary is stored; returns the session id.
+async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
+    eprintln!("demo: waiting for the session to go idle and be summarised");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let rows = sqlx::query(include_str!("../../sql/cmd/demo_sessions.sql"))
+            .bind(USER)
+            .bind(ch)
+            .fetch_all(pool)
+            .await?;
+        let closed = rows
+            .first()
+            .filter(|r| {
+                r.get::<Option<chrono::DateTime<chrono::Utc>>, _>("ended_at")
+                    .is_some()
+            })
+            .map(|r| r.get::<i64, _>("id"));
+        if let Some(id) = closed {
+            let summarised = sqlx::query(include_str!("../../sql/cmd/demo_session_summary.sql"))
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+                .is_some();
+            if summarised {
+                return Ok(id);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the first session was not closed and summarised within 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn report_first(pool: &PgPool, ch: i64, session: i64, out: &mut String) -> Result<()> {
+    let rolling = sqlx::query(include_str!("../../sql/cmd/demo_rolling.sql"))
+        .bind(USER)
+        .bind(ch)
+        .fetch_optional(pool)
+        .await?;
+    if let Some(r) = rolling {
+        let _ = writeln!(
+            out,
+            "\nrolling summary after {} messages ({} ms on the model):\n  {}",
+            r.get::<i32, _>("message_count"),
+            r.get::<i32, _>("elapsed_ms"),
+            r.get::<String, _>("content")
+        );
+    }
+    let s = sqlx::query(include_str!("../../sql/cmd/demo_session_summary.sql"))
+        .bind(session)
+        .fetch_one(pool)
+        .await?;
+    let _ = writeln!(
+        out,
+        "\nsession {session} closed; session summary: status={} attempts={} ({} ms on the model)",
+        s.get::<String, _>("status"),
+        s.get::<i32, _>("attempts"),
+        s.get::<i32, _>("elapsed_ms")
+    );
+    let body = match s.get::<Option<Value>, _>("summary") {
+        Some(v) => serde_json::to_string_pretty(&v)?,
+        None => s.get::<Option<String>, _>("error").unwrap_or_default(),
+    };
+    let _ = writeln!(out, "{body}");
+    Ok(())
+}
+
+/// The second session's context, as a backend reads it (`GET /v1/memory/summary`).
+async fn report_second(pool: &PgPool, ch: i64, out: &mut String) -> Result<()> {
+    let c = crate::summary::session_context::load(pool, USER, ch).await?;
+    let _ = writeln!(
+        out,
+        "\nsession {} is open; its context (GET /v1/memory/summary?user={USER}&character={ch}):",
+        c.open_session_id.unwrap_or_default()
+    );
+    let _ = writeln!(out, "{}", serde_json::to_string_pretty(&c)?);
+    Ok(())
+}
+
+async fn report_events(pool: &PgPool, out: &mut String) -> Result<()> {
+    let rows = sqlx::query(include_str!("../../sql/cmd/demo_summary_events.sql"))
+        .bind(USER)
+        .fetch_all(pool)
+        .await?;
+    let _ = writeln!(out, "\nsummary events (as `kvmem status` reads them):");
+    for r in &rows {
+        let detail: Value = r.get("detail");
+        let _ = writeln!(
+            out,
+            "  {} {:<24} {}",
+            r.get::<chrono::DateTime<chrono::Utc>, _>("created_at")
+                .format("%H:%M:%S"),
+            r.get::<String, _>("kind"),
+            short(&detail)
+        );
+    }
+    Ok(())
+}
+
+/// The parts of an event worth a line: kind of job, outcome, timing.
+fn short(detail: &Value) -> String {
+    let mut parts = Vec::new();
+    for key in ["kind", "summary_session", "closed_by", "error"] {
+        if let Some(v) = detail.get(key).filter(|v| !v.is_null()) {
+            parts.push(format!("{key}={v}"));
+        }
+    }
+    if let Some(ms) = detail.pointer("/result/elapsed_ms") {
+        parts.push(format!("elapsed_ms={ms}"));
+    }
+    parts.join(" ")
+}
