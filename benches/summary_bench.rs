@@ -147,6 +147,15 @@ async fn turn(pool: &PgPool, user: &str, ch: i64, when: DateTime<Utc>, i: usize)
     Ok(())
 }
 
+/// A user and character with `n` turns a minute apart from `t0`.
+async fn user_with_turns(pool: &PgPool, user: &str, t0: DateTime<Utc>, n: usize) -> Result<i64> {
+    let ch = character(pool, user).await?;
+    for i in 0..n {
+        turn(pool, user, ch, t0 + chrono::Duration::minutes(i as i64), i).await?;
+    }
+    Ok(ch)
+}
+
 fn median(v: &mut [f64]) -> f64 {
     pct(v, 0.5)
 }
@@ -207,18 +216,8 @@ fn config() -> SummaryConfig {
 /// Rolling (4 turns), session (close, then JSON) and spine (20 messages) on the lane.
 async fn lane_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str, f64)>> {
     let user = format!("lane{run}");
-    let ch = character(&svc.pool, &user).await?;
     let t0 = Utc.with_ymd_and_hms(2026, 3, 10, 9, 0, 0).unwrap();
-    for i in 0..20 {
-        turn(
-            &svc.pool,
-            &user,
-            ch,
-            t0 + chrono::Duration::minutes(i as i64),
-            i,
-        )
-        .await?;
-    }
+    user_with_turns(&svc.pool, &user, t0, 20).await?;
     let mut out = Vec::new();
     let now = t0 + chrono::Duration::hours(2);
     loop {
@@ -292,18 +291,8 @@ async fn day_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str
 /// Compaction of a 52-entry chat history: one model call over the 22 oldest.
 async fn compact_kind(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str, f64)>> {
     let user = format!("compact{run}");
-    let ch = character(&svc.pool, &user).await?;
     let t0 = Utc.with_ymd_and_hms(2026, 3, 1, 9, 0, 0).unwrap();
-    for i in 0..26 {
-        turn(
-            &svc.pool,
-            &user,
-            ch,
-            t0 + chrono::Duration::minutes(i as i64),
-            i,
-        )
-        .await?;
-    }
+    user_with_turns(&svc.pool, &user, t0, 26).await?;
     let started = Instant::now();
     let r = compaction::compact_session(svc, &format!("chat-{user}"), t0.timestamp()).await?;
     let took = ms(started.elapsed());

@@ -102,7 +102,7 @@ CREATE TABLE summary_spine (
 -- The summary lane: jobs ordered per user, due at `run_at`, below live turns.
 CREATE TABLE summary_jobs (
     id           bigserial PRIMARY KEY,
-    kind         text        NOT NULL CHECK (kind IN ('close', 'rolling', 'session', 'spine')),
+    kind         text        NOT NULL CHECK (kind IN ('close', 'rolling', 'session', 'spine', 'compact')),
     user_id      text        NOT NULL,
     character_id bigint,
     session_id   bigint      REFERENCES summary_sessions(id),
@@ -129,6 +129,8 @@ CREATE UNIQUE INDEX summary_jobs_rolling_once ON summary_jobs (user_id, characte
     WHERE kind = 'rolling' AND state = 'queued';
 CREATE UNIQUE INDEX summary_jobs_spine_once ON summary_jobs (user_id)
     WHERE kind = 'spine' AND state = 'queued';
+CREATE UNIQUE INDEX summary_jobs_compact_once ON summary_jobs ((payload->>'chat_session'))
+    WHERE kind = 'compact' AND state = 'queued';
 
 -- Seed 004's batch daily summaries, persisted so a restarted or another worker reuses them.
 -- `bucket` is 'HH' for the current day (one row per hour bucket) and 'day' for a past day.
@@ -289,6 +291,18 @@ BEGIN
                 jsonb_build_object('message_count', st.message_count), NEW.created_at)
         ON CONFLICT (user_id, character_id) WHERE kind = 'rolling' AND state = 'queued'
         DO UPDATE SET payload = EXCLUDED.payload, session_id = EXCLUDED.session_id;
+        -- Seed 003: a history of more than 50 entries past the compaction boundary is
+        -- compacted (counted on the same beat, not on every message).
+        IF (SELECT count(*) FROM messages m
+             WHERE m.session_id = NEW.session_id
+               AND m.id > coalesce((SELECT boundary_message_id FROM session_compactions c
+                                     WHERE c.session_id = NEW.session_id), 0)) > 50 THEN
+            INSERT INTO summary_jobs (kind, user_id, character_id, payload, run_at)
+            VALUES ('compact', t.user_id, t.character_id,
+                    jsonb_build_object('chat_session', NEW.session_id), NEW.created_at)
+            ON CONFLICT ((payload->>'chat_session')) WHERE kind = 'compact' AND state = 'queued'
+            DO NOTHING;
+        END IF;
     END IF;
     SELECT coalesce(sum(message_count), 0) INTO total FROM session_state WHERE user_id = t.user_id;
     SELECT coalesce(max(message_total_at), 0) INTO spine_at FROM summary_spine WHERE user_id = t.user_id;

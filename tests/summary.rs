@@ -15,7 +15,7 @@ use kvmem::summary::context_manager::{
     bullet_summary, ContextCompactor, ContextData, ContextManager, HistoryEntry, Task, TaskStatus,
 };
 use kvmem::summary::jobs::{self, Outcome};
-use kvmem::summary::{compaction, daily, schema, SummaryConfig, SummaryService};
+use kvmem::summary::{daily, schema, SummaryConfig, SummaryService};
 use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 
@@ -827,49 +827,113 @@ async fn seed_003_document_round_trips_exactly(pool: PgPool) {
     );
 }
 
+const RECENT_HISTORY: &str = include_str!("../sql/turn/recent_history.sql");
+
 #[sqlx::test(migrations = false)]
 async fn compacting_a_chat_session_moves_the_boundary_and_keeps_messages(pool: PgPool) {
     let svc = service(&pool, tiny_engine(), config()).await;
+    sqlx::query("UPDATE kvmem_config SET value = '1000' WHERE key = 'summary_spine_every'")
+        .execute(&pool)
+        .await
+        .unwrap();
     let c = common::character(&pool, "dee", "Vega").await;
-    for i in 1..=26 {
+    let sid = format!("chat-dee-{c}");
+    for i in 1..=24 {
+        let when = at(7, 0) + Duration::seconds(i);
         turn(
             &pool,
             "dee",
             c,
-            at(7, 0) + Duration::seconds(i),
+            when,
             &format!("question {i}"),
             &format!("answer {i}"),
         )
         .await;
     }
-    let sid = format!("chat-dee-{c}");
-    let report = compaction::compact_session(&svc, &sid, at(8, 0).timestamp())
-        .await
-        .unwrap();
-    assert!(report.compacted);
-    assert_eq!((report.entries_before, report.entries_after), (52, 30));
+    assert_eq!(queued(&pool, "compact").await, 0, "48 entries: not yet");
+    for i in 25..=28 {
+        let when = at(7, 0) + Duration::seconds(i);
+        turn(
+            &pool,
+            "dee",
+            c,
+            when,
+            &format!("question {i}"),
+            &format!("answer {i}"),
+        )
+        .await;
+    }
+    assert_eq!(queued(&pool, "compact").await, 1, "over 50 entries");
+
+    // The lane runs it (with the rolling summary queued on the same beat).
+    let ran = jobs::drain_at(&svc, at(7, 5)).await.unwrap();
+    let report = ran
+        .iter()
+        .find_map(|o| match o {
+            Outcome::Done { kind, result, .. } if kind == "compact" => Some(result.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no compact job done: {ran:?}"));
+    assert_eq!(report["compacted"], true);
+    assert_eq!(
+        (
+            report["entries_before"].as_i64(),
+            report["entries_after"].as_i64()
+        ),
+        (Some(56), Some(30))
+    );
     let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM messages ORDER BY id")
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(ids.len(), 52, "messages stay the record");
+    assert_eq!(ids.len(), 56, "messages stay the record");
     assert_eq!(
-        report.boundary_message_id, ids[21],
-        "the 22 oldest are behind the boundary"
+        report["boundary_message_id"].as_i64(),
+        Some(ids[25]),
+        "the 26 oldest are behind the boundary"
     );
     let ctx = ContextManager::new(pool.clone()).load(&sid).await.unwrap();
     assert_eq!(ctx.recent_history.len(), 30);
-    assert_eq!(ctx.recent_history[0].content, "question 12");
+    assert_eq!(ctx.recent_history[0].content, "question 14");
     assert!(!ctx.long_term_summary.is_empty());
     assert!(ctx.recent_history.iter().all(|e| e.token_count.is_some()));
-    let stored: i64 = sqlx::query_scalar(
-        "SELECT boundary_message_id FROM session_compactions WHERE session_id = $1",
-    )
-    .bind(&sid)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(stored, ids[21]);
+
+    // A cold start re-reads the recap, then only what lies past the boundary.
+    let rows: Vec<(String, String)> = sqlx::query_as(RECENT_HISTORY)
+        .bind(&sid)
+        .bind(200_i64)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 16, "recap + exchanges 14..=28");
+    assert_eq!(
+        rows[0].1,
+        format!("Earlier in this conversation: {}", ctx.long_term_summary)
+    );
+    assert_eq!(
+        rows[1],
+        ("question 14".to_string(), "answer 14".to_string())
+    );
+    assert_eq!(rows[15].0, "question 28");
+
+    // No new job until 50 more entries pile up past the new boundary.
+    for i in 29..=32 {
+        let when = at(7, 10) + Duration::seconds(i);
+        turn(
+            &pool,
+            "dee",
+            c,
+            when,
+            &format!("question {i}"),
+            &format!("answer {i}"),
+        )
+        .await;
+    }
+    assert_eq!(
+        queued(&pool, "compact").await,
+        0,
+        "38 entries past the boundary"
+    );
 }
 
 #[sqlx::test(migrations = false)]

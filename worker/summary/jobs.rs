@@ -4,7 +4,6 @@
 //! `events` row saying what it made or why it failed.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use serde_json::{json, Value};
 use sqlx::Row;
 
@@ -21,24 +20,8 @@ pub const ROLLING_LINES: i64 = 40;
 /// Dialogue lines a session summary reads at most (the oldest go first if they do not fit).
 pub const SESSION_LINES: i64 = 400;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
-    /// Nothing due.
-    Empty,
-    /// Another worker claimed the same user's job at the same moment; try again.
-    Busy,
-    Done {
-        job_id: i64,
-        kind: String,
-        result: Value,
-    },
-    Failed {
-        job_id: i64,
-        kind: String,
-        error: String,
-    },
-}
+/// A lane job's outcome, as the memory lane reports its own.
+pub use crate::memory::jobs::Outcome;
 
 /// A claimed job.
 #[derive(Debug, Clone)]
@@ -91,6 +74,7 @@ pub async fn process_next_summary_job_at(
         "rolling" => rolling(svc, &job, now).await,
         "session" => session_summary(svc, &job).await,
         "spine" => spine_version(svc, &job).await,
+        "compact" => compact(svc, &job, now).await,
         other => Err(SummaryError::Invalid(format!("unknown job kind {other}"))),
     };
     finish(svc, job, res).await
@@ -492,6 +476,15 @@ async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>>
     Ok(Some(
         json!({"version": version, "message_count": total - at, "elapsed_ms": made.elapsed_ms}),
     ))
+}
+
+/// Seed 003's compaction of the chat session named in the payload, as of `now`.
+async fn compact(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
+    let session = job.payload["chat_session"]
+        .as_str()
+        .ok_or_else(|| SummaryError::Invalid("compact without chat_session".into()))?;
+    let report = super::compaction::compact_session(svc, session, now.timestamp()).await?;
+    Ok(Some(serde_json::to_value(report)?))
 }
 
 /// One step of the worker's idle lane: runs a due summary job if there is a service;

@@ -78,25 +78,26 @@ impl Summarizer {
 
     /// Runs one prompt on the model thread.
     pub async fn generate(&self, prompt: Prompt) -> Reply {
-        let (tx, rx) = oneshot::channel();
-        self.jobs
-            .lock()
-            .map_err(|_| "summary queue poisoned".to_string())?
-            .send((prompt, tx))
-            .map_err(|_| "summary thread is gone".to_string())?;
-        rx.await.map_err(|_| "summary thread stopped".to_string())?
+        self.send(prompt)?
+            .await
+            .map_err(|_| "summary thread stopped".to_string())?
     }
 
     /// [`Summarizer::generate`] for blocking code (run it on a blocking thread).
     pub fn generate_blocking(&self, prompt: Prompt) -> Reply {
+        self.send(prompt)?
+            .blocking_recv()
+            .map_err(|_| "summary thread stopped".to_string())?
+    }
+
+    fn send(&self, prompt: Prompt) -> Result<oneshot::Receiver<Reply>, String> {
         let (tx, rx) = oneshot::channel();
         self.jobs
             .lock()
             .map_err(|_| "summary queue poisoned".to_string())?
             .send((prompt, tx))
             .map_err(|_| "summary thread is gone".to_string())?;
-        rx.blocking_recv()
-            .map_err(|_| "summary thread stopped".to_string())?
+        Ok(rx)
     }
 
     /// Tokens of `text` as the model counts them.
