@@ -387,6 +387,24 @@ async fn smollm2_writes_a_valid_session_summary_and_a_rolling_summary(pool: PgPo
     let s = schema::validate(&summary.to_string(), false).expect("stored summary validates");
     eprintln!("rolling: {rolling}\nsession: {summary}");
     assert!(!s.one_liner.trim().is_empty());
+    let text = summary.to_string().to_lowercase();
+    for copied in [
+        "what mattered to the user",
+        "still unresolved",
+        "anyone promised",
+        "who was mentioned",
+    ] {
+        assert!(
+            !text.contains(copied),
+            "the summary copies the prompt: {text}"
+        );
+    }
+    assert!(
+        ["porto", "ana", "flat", "nurs"]
+            .iter()
+            .any(|w| text.contains(w)),
+        "the summary says nothing of the conversation: {text}"
+    );
     let view: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM kvmem_session_summaries WHERE status = 'ok' AND turn_count = 4",
     )

@@ -23,8 +23,10 @@ const FIRST: [&str; 4] = [
 const SECOND: &str = "I'm back. Do you remember what I have to do on Saturday?";
 
 /// The scene's idle timeout: production closes a session after 1800 s; the scene waits
-/// this long instead so it runs in about a minute. The previous value is restored.
-const DEMO_IDLE_S: &str = "15";
+/// this long instead so it runs in about a minute, or three times the first turn's
+/// latency on a slow machine (a turn slower than the timeout would close the session
+/// between two messages). The previous value is restored.
+const DEMO_IDLE_S: u64 = 15;
 const USER: &str = "demo_sam";
 
 /// Plays the scene and returns the report to print.
@@ -33,7 +35,7 @@ pub async fn scene(pool: &PgPool) -> Result<String> {
         sqlx::query_scalar(include_str!("../../sql/cmd/demo_idle_get.sql"))
             .fetch_optional(pool)
             .await?;
-    set_idle(pool, DEMO_IDLE_S).await?;
+    set_idle(pool, &DEMO_IDLE_S.to_string()).await?;
     let played = play(pool).await;
     set_idle(pool, before.as_deref().unwrap_or("1800")).await?;
     played
@@ -74,16 +76,19 @@ async fn play(pool: &PgPool) -> Result<String> {
     Ok(out)
 }
 
-async fn say(pool: &PgPool, sid: &str, ch: i64, msg: &str, out: &mut String) -> Result<()> {
+/// One turn through the queue; returns its wall time in milliseconds.
+async fn say(pool: &PgPool, sid: &str, ch: i64, msg: &str, out: &mut String) -> Result<u64> {
+    let started = Instant::now();
     let id = queue::enqueue(pool, sid, USER, ch, msg, None).await?;
     let reply = wait_done(pool, id).await?;
     eprintln!("user: {msg}\nreply: {}", reply.trim());
     let _ = writeln!(out, "user:  {msg}\nreply: {}", reply.trim());
-    Ok(())
+    Ok(started.elapsed().as_millis() as u64)
 }
 
 /// Waits (real time: the close is a real-time behaviour) until the first session has
-/// closed and its summary is stored; returns the session id.
+/// closed, its summary is stored and the rolling summary its fourth turn queued is made;
+/// returns the session id.
 async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
     eprintln!("demo: waiting for the session to go idle and be summarised");
     let deadline = Instant::now() + Duration::from_secs(600);
@@ -101,12 +106,7 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
             })
             .map(|r| r.get::<i64, _>("id"));
         if let Some(id) = closed {
-            let summarised = sqlx::query(include_str!("../../sql/cmd/demo_session_summary.sql"))
-                .bind(id)
-                .fetch_optional(pool)
-                .await?
-                .is_some();
-            if summarised {
+            if summarised(pool, ch, id).await? {
                 return Ok(id);
             }
         }
@@ -115,6 +115,21 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+async fn summarised(pool: &PgPool, ch: i64, session: i64) -> Result<bool> {
+    let session_done = sqlx::query(include_str!("../../sql/cmd/demo_session_summary.sql"))
+        .bind(session)
+        .fetch_optional(pool)
+        .await?
+        .is_some();
+    let rolling_done = sqlx::query(include_str!("../../sql/cmd/demo_rolling_finished.sql"))
+        .bind(USER)
+        .bind(ch)
+        .fetch_optional(pool)
+        .await?
+        .is_some();
+    Ok(session_done && rolling_done)
 }
 
 async fn report_first(pool: &PgPool, ch: i64, session: i64, out: &mut String) -> Result<()> {

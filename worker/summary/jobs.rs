@@ -294,11 +294,10 @@ pub async fn make_rolling(
     Ok((content, g.elapsed_ms, g.lines_dropped))
 }
 
-const SESSION_SYSTEM: &str = "You summarise one finished conversation between a user and a \
-character as JSON. one_liner: one sentence about the session. what_mattered: the topics that \
-mattered. open_loops: questions or plans left unresolved. commitments: what someone promised \
-to do. people: names of people mentioned. tone: the emotional tone in a few words. Use only \
-what the conversation says.";
+const SESSION_SYSTEM: &str = "You summarise a finished conversation between a user and a \
+character as JSON. Write about the user in the third person, with the names and details the \
+conversation gives: what happened, what mattered to the user, what is still unresolved, what \
+anyone promised, who was mentioned, and the mood. Never copy these instructions.";
 
 /// Seed 001's session summary: grammar-constrained JSON, validated, retried with the
 /// reason, then stored as an error with the raw answers when it never validates.
@@ -394,6 +393,7 @@ pub enum SessionOutcome {
 pub async fn summarise_session(svc: &SummaryService, lines: Vec<String>) -> SessionOutcome {
     let (mut raw, mut elapsed_ms, mut error) = (Vec::new(), 0, String::new());
     let attempts = svc.config.max_attempts;
+    let conversation = lines.join("\n");
     for attempt in 1..=attempts {
         let footer = match attempt {
             1 => "JSON summary:".to_string(),
@@ -416,7 +416,8 @@ pub async fn summarise_session(svc: &SummaryService, lines: Vec<String>) -> Sess
             Ok(g) => {
                 elapsed_ms += g.elapsed_ms;
                 raw.push(g.text.clone());
-                match schema::validate(&g.text, g.truncated) {
+                match schema::validate_against(&g.text, g.truncated, &conversation, SESSION_SYSTEM)
+                {
                     Ok(summary) => {
                         return SessionOutcome::Valid {
                             summary,

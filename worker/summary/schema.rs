@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::filters::is_text_grounded_in_source;
+
 /// Seed 001's `SessionSummary` JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,6 +64,8 @@ pub enum Invalid {
     Repeated { field: &'static str },
     #[error("{field} copies the schema's placeholder text")]
     Placeholder { field: &'static str },
+    #[error("{field} copies the instructions instead of the conversation: {item:?}")]
+    Echo { field: &'static str, item: String },
 }
 
 /// Parses and validates a model answer.
@@ -79,6 +83,39 @@ pub fn validate(raw: &str, truncated: bool) -> Result<SessionSummary, Invalid> {
     list("open_loops", &s.open_loops)?;
     list("commitments", &s.commitments)?;
     list("people", &s.people)?;
+    Ok(s)
+}
+
+/// [`validate`], then refuses an answer that restates the instructions instead of the
+/// conversation (a small model copies its prompt's wording into the fields): a field whose
+/// words come from `instructions` and not from `conversation` is an echo. The tone is
+/// exempt: its words rarely appear in a conversation.
+pub fn validate_against(
+    raw: &str,
+    truncated: bool,
+    conversation: &str,
+    instructions: &str,
+) -> Result<SessionSummary, Invalid> {
+    let s = validate(raw, truncated)?;
+    let echo = |item: &str| {
+        is_text_grounded_in_source(item, instructions)
+            && !is_text_grounded_in_source(item, conversation)
+    };
+    let fields: [(&'static str, &[String]); 4] = [
+        ("what_mattered", &s.what_mattered),
+        ("open_loops", &s.open_loops),
+        ("commitments", &s.commitments),
+        ("people", &s.people),
+    ];
+    let items = fields
+        .iter()
+        .flat_map(|(f, items)| items.iter().map(move |i| (*f, i.as_str())));
+    for (field, item) in std::iter::once(("one_liner", s.one_liner.as_str())).chain(items) {
+        if echo(item) {
+            let item = item.to_string();
+            return Err(Invalid::Echo { field, item });
+        }
+    }
     Ok(s)
 }
 
@@ -115,6 +152,27 @@ fn list(field: &'static str, items: &[String]) -> Result<(), Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const INSTRUCTIONS: &str = "commitments: what someone promised to do. open_loops: \
+questions or plans left unresolved. people: names of people mentioned.";
+    const TALK: &str = "User: I moved to Porto with my sister Ana. I promised Ana I would \
+visit three flats on Saturday.";
+
+    #[test]
+    fn an_answer_that_copies_the_instructions_is_refused() {
+        // SmolLM2-135M's answer in the first demo run (2026-11-23), trimmed.
+        let copied = r#"{"one_liner": "Sam moved to Porto.", "what_mattered": ["moving to Porto"], "open_loops": ["Questions or plans left unresolved"], "commitments": ["What someone promised to do"], "people": ["names of people mentioned"], "tone": "calm"}"#;
+        assert_eq!(
+            validate_against(copied, false, TALK, INSTRUCTIONS),
+            Err(Invalid::Echo {
+                field: "open_loops",
+                item: "Questions or plans left unresolved".into()
+            })
+        );
+        let grounded = r#"{"one_liner": "Sam moved to Porto with Ana.", "what_mattered": ["moving to Porto"], "open_loops": ["find a flat"], "commitments": ["visit three flats on Saturday"], "people": ["Ana"], "tone": "hopeful"}"#;
+        let s = validate_against(grounded, false, TALK, INSTRUCTIONS).unwrap();
+        assert_eq!(s.commitments, vec!["visit three flats on Saturday"]);
+    }
 
     const GOOD: &str = r#"{"one_liner": "Sam planned a move to Porto.", "what_mattered": ["moving to Porto"], "open_loops": ["find a flat"], "commitments": [], "people": ["Ana"], "tone": "hopeful"}"#;
 
