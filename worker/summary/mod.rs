@@ -74,7 +74,7 @@ impl SummaryConfig {
             max_attempts: s.summary_max_attempts.max(1),
             cache_capacity: s.summary_cache_capacity.max(1),
             rolling_max_tokens: 160,
-            session_max_tokens: 320,
+            session_max_tokens: 480,
             spine_max_tokens: 360,
             daily_max_tokens_per_user: 100,
             historical_max_tokens: 160,

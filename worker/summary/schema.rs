@@ -20,16 +20,24 @@ pub struct SessionSummary {
 }
 
 /// Bounds the validation enforces (the grammar enforces the same ones while generating).
-pub const MAX_ITEMS: usize = 4;
-pub const MAX_TEXT_CHARS: usize = 160;
+/// They keep the longest answer the grammar allows (about 1,300 characters) inside the
+/// session summary's token budget: with 4 items of 160 characters SmolLM2 filled every
+/// string and was cut off three times out of three in the demo.
+pub const MAX_ITEMS: usize = 3;
+pub const MAX_TEXT_CHARS: usize = 100;
 pub const MAX_TONE_CHARS: usize = 40;
+/// A person is a name: a few words, not a sentence.
+pub const MAX_NAME_CHARS: usize = 40;
+pub const MAX_NAME_WORDS: usize = 4;
 
-/// Keys in seed 001's order; `what_mattered` has at least one item.
+/// Keys in seed 001's order; `what_mattered` has at least one item; `people` holds names.
 pub const SESSION_GRAMMAR: &str = r#"
-root  ::= "{\"one_liner\": " str ", \"what_mattered\": " arr1 ", \"open_loops\": " arr ", \"commitments\": " arr ", \"people\": " arr ", \"tone\": " tone "}"
-arr1  ::= "[" str ( ", " str ){0,3} "]"
-arr   ::= "[" ( str ( ", " str ){0,3} )? "]"
-str   ::= "\"" char{3,160} "\""
+root  ::= "{\"one_liner\": " str ", \"what_mattered\": " arr1 ", \"open_loops\": " arr ", \"commitments\": " arr ", \"people\": " names ", \"tone\": " tone "}"
+arr1  ::= "[" str ( ", " str ){0,2} "]"
+arr   ::= "[" ( str ( ", " str ){0,2} )? "]"
+names ::= "[" ( name ( ", " name ){0,2} )? "]"
+str   ::= "\"" char{3,100} "\""
+name  ::= "\"" [A-Z] [a-zA-Z .'-]{1,39} "\""
 tone  ::= "\"" char{3,40} "\""
 char  ::= [^"\\\x00-\x1f] | "\\" ["\\/]
 "#;
@@ -66,6 +74,10 @@ pub enum Invalid {
     Placeholder { field: &'static str },
     #[error("{field} copies the instructions instead of the conversation: {item:?}")]
     Echo { field: &'static str, item: String },
+    #[error("people holds {0:?}, which is not a name")]
+    NotAName(String),
+    #[error("people names {0:?}, who is not in the conversation")]
+    Stranger(String),
 }
 
 /// Parses and validates a model answer.
@@ -83,6 +95,12 @@ pub fn validate(raw: &str, truncated: bool) -> Result<SessionSummary, Invalid> {
     list("open_loops", &s.open_loops)?;
     list("commitments", &s.commitments)?;
     list("people", &s.people)?;
+    for p in &s.people {
+        let words = p.split_whitespace().count();
+        if p.chars().count() > MAX_NAME_CHARS || words > MAX_NAME_WORDS {
+            return Err(Invalid::NotAName(p.clone()));
+        }
+    }
     Ok(s)
 }
 
@@ -97,6 +115,13 @@ pub fn validate_against(
     instructions: &str,
 ) -> Result<SessionSummary, Invalid> {
     let s = validate(raw, truncated)?;
+    if let Some(p) = s
+        .people
+        .iter()
+        .find(|p| !is_text_grounded_in_source(p, conversation))
+    {
+        return Err(Invalid::Stranger(p.clone()));
+    }
     let echo = |item: &str| {
         is_text_grounded_in_source(item, instructions)
             && !is_text_grounded_in_source(item, conversation)
@@ -160,8 +185,9 @@ visit three flats on Saturday.";
 
     #[test]
     fn an_answer_that_copies_the_instructions_is_refused() {
-        // SmolLM2-135M's answer in the first demo run (2026-11-23), trimmed.
-        let copied = r#"{"one_liner": "Sam moved to Porto.", "what_mattered": ["moving to Porto"], "open_loops": ["Questions or plans left unresolved"], "commitments": ["What someone promised to do"], "people": ["names of people mentioned"], "tone": "calm"}"#;
+        // After SmolLM2-135M's answer in the first demo run (2026-11-23), which copied the
+        // field descriptions; `people` now only takes names from the conversation.
+        let copied = r#"{"one_liner": "Sam moved to Porto.", "what_mattered": ["moving to Porto"], "open_loops": ["Questions or plans left unresolved"], "commitments": ["What someone promised to do"], "people": ["Ana"], "tone": "calm"}"#;
         assert_eq!(
             validate_against(copied, false, TALK, INSTRUCTIONS),
             Err(Invalid::Echo {
@@ -172,6 +198,11 @@ visit three flats on Saturday.";
         let grounded = r#"{"one_liner": "Sam moved to Porto with Ana.", "what_mattered": ["moving to Porto"], "open_loops": ["find a flat"], "commitments": ["visit three flats on Saturday"], "people": ["Ana"], "tone": "hopeful"}"#;
         let s = validate_against(grounded, false, TALK, INSTRUCTIONS).unwrap();
         assert_eq!(s.commitments, vec!["visit three flats on Saturday"]);
+        let stranger = grounded.replace("[\"Ana\"]", "[\"Rui\"]");
+        assert_eq!(
+            validate_against(&stranger, false, TALK, INSTRUCTIONS),
+            Err(Invalid::Stranger("Rui".into()))
+        );
     }
 
     const GOOD: &str = r#"{"one_liner": "Sam planned a move to Porto.", "what_mattered": ["moving to Porto"], "open_loops": ["find a flat"], "commitments": [], "people": ["Ana"], "tone": "hopeful"}"#;
@@ -208,16 +239,21 @@ visit three flats on Saturday.";
             validate(&copy, false),
             Err(Invalid::Placeholder { field: "one_liner" })
         );
-        let many = GOOD.replace(
-            "[\"find a flat\"]",
-            "[\"a1\", \"a2\", \"a3\", \"a4\", \"a5\"]",
-        );
+        let many = GOOD.replace("[\"find a flat\"]", "[\"a1\", \"a2\", \"a3\", \"a4\"]");
         assert_eq!(
             validate(&many, false),
             Err(Invalid::TooMany {
                 field: "open_loops"
             })
         );
+        let sentence = GOOD.replace(
+            "[\"Ana\"]",
+            "[\"I'm glad to hear that you're taking time off\"]",
+        );
+        assert!(matches!(
+            validate(&sentence, false),
+            Err(Invalid::NotAName(_))
+        ));
         let long = GOOD.replace("hopeful", &"h".repeat(41));
         assert_eq!(
             validate(&long, false),
