@@ -59,12 +59,14 @@ async fn play(pool: &PgPool) -> Result<String> {
         .fetch_one(pool)
         .await?;
     let sid = format!("demo_mem_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "## Session 1 (idle timeout {DEMO_IDLE_S} s for the demo; 1800 s in production)"
-    );
-    for msg in FIRST {
+    let mut turns = String::new();
+    let first_ms = say(pool, &sid, ch, FIRST[0], &mut turns).await?;
+    let idle = DEMO_IDLE_S.max(3 * first_ms.div_ceil(1000));
+    set_idle(pool, &idle.to_string()).await?;
+    let mut out =
+        format!("## Session 1 (idle timeout {idle} s for the demo; 1800 s in production)\n");
+    out.push_str(&turns);
+    for msg in &FIRST[1..] {
         say(pool, &sid, ch, msg, &mut out).await?;
     }
     let first = wait_for_close(pool, ch).await?;
@@ -91,7 +93,7 @@ async fn say(pool: &PgPool, sid: &str, ch: i64, msg: &str, out: &mut String) -> 
 /// returns the session id.
 async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
     eprintln!("demo: waiting for the session to go idle and be summarised");
-    let deadline = Instant::now() + Duration::from_secs(600);
+    let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
         let rows = sqlx::query(include_str!("../../sql/cmd/demo_sessions.sql"))
             .bind(USER)
@@ -111,7 +113,7 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
             }
         }
         if Instant::now() > deadline {
-            bail!("the first session was not closed and summarised within 10 minutes");
+            bail!("the first session was not closed and summarised within 30 minutes");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -26,7 +26,8 @@ pub struct SessionSummary {
 pub const MAX_ITEMS: usize = 3;
 pub const MAX_TEXT_CHARS: usize = 100;
 pub const MAX_TONE_CHARS: usize = 40;
-/// A person is a name: a few words, not a sentence.
+/// A person is a name: a few words, not a sentence (the grammar: up to 3 capitalised
+/// words of up to 12 letters).
 pub const MAX_NAME_CHARS: usize = 40;
 pub const MAX_NAME_WORDS: usize = 4;
 
@@ -37,7 +38,8 @@ arr1  ::= "[" str ( ", " str ){0,2} "]"
 arr   ::= "[" ( str ( ", " str ){0,2} )? "]"
 names ::= "[" ( name ( ", " name ){0,2} )? "]"
 str   ::= "\"" char{3,100} "\""
-name  ::= "\"" [A-Z] [a-zA-Z .'-]{1,39} "\""
+name  ::= "\"" cap ( " " cap ){0,2} "\""
+cap   ::= [A-Z] [a-z'-]{1,11}
 tone  ::= "\"" char{3,40} "\""
 char  ::= [^"\\\x00-\x1f] | "\\" ["\\/]
 "#;
