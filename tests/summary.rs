@@ -213,7 +213,10 @@ async fn a_session_closes_after_30_idle_minutes_on_the_clock(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn rolling_every_4_turns_keeps_history_and_spine_at_20(pool: PgPool) {
-    let svc = service(&pool, tiny_engine(), config()).await;
+    let mut cfg = config();
+    // The random tiny model fills every string the grammar allows: room for the longest.
+    cfg.spine_max_tokens = 2500;
+    let svc = service(&pool, tiny_engine(), cfg).await;
     let c = common::character(&pool, "bo", "Vega").await;
     for i in 1..=3 {
         turn(&pool, "bo", c, at(9, i), &format!("message {i}"), "ok").await;
@@ -284,6 +287,47 @@ async fn rolling_every_4_turns_keeps_history_and_spine_at_20(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(payload, json!({"message_total": 20}));
+
+    // The spine job makes version 1 with seed 001's four sections; 20 more messages make
+    // version 2 and keep version 1.
+    let ran = jobs::drain_at(&svc, at(9, 41)).await.unwrap();
+    let spine = ran
+        .iter()
+        .find_map(|o| match o {
+            Outcome::Done { kind, result, .. } if kind == "spine" => Some(result.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no spine job done: {ran:?}"));
+    assert_eq!(
+        (spine["version"].as_i64(), spine["message_count"].as_i64()),
+        (Some(1), Some(20))
+    );
+    for i in 0..20 {
+        turn(&pool, "bo", c2, at(10, i), &format!("more {i}"), "ok").await;
+    }
+    jobs::drain_at(&svc, at(10, 30)).await.unwrap();
+    let versions: Vec<(i32, i32, String)> = sqlx::query_as(
+        "SELECT version, message_total_at, content FROM summary_spine WHERE user_id = 'bo' ORDER BY version",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(versions.len(), 2, "a new row per version");
+    assert_eq!((versions[0].0, versions[0].1), (1, 20));
+    assert_eq!((versions[1].0, versions[1].1), (2, 40));
+    for (_, _, content) in &versions {
+        let headings: Vec<&str> = content.lines().filter(|l| !l.starts_with("- ")).collect();
+        assert_eq!(
+            headings,
+            ["PROFILE:", "PROJECTS:", "PEOPLE:", "OPEN_LOOPS:"],
+            "{content}"
+        );
+    }
+    let current: i32 = sqlx::query_scalar("SELECT version FROM kvmem_spine WHERE user_id = 'bo'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(current, 2);
 }
 
 #[sqlx::test(migrations = false)]
@@ -335,6 +379,12 @@ async fn invalid_session_json_is_retried_then_stored_as_an_error(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(failed, 1);
+    let status = kvmem::cmd::status::report(&pool).await.unwrap();
+    assert!(
+        status.contains("session  failed   1") && status.contains("summary_job_failed"),
+        "kvmem status shows the failure: {status}"
+    );
+    assert!(status.contains("cut off"), "{status}");
 }
 
 const PORTO: [(&str, &str); 4] = [

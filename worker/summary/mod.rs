@@ -75,7 +75,7 @@ impl SummaryConfig {
             cache_capacity: s.summary_cache_capacity.max(1),
             rolling_max_tokens: 160,
             session_max_tokens: 480,
-            spine_max_tokens: 360,
+            spine_max_tokens: 420,
             daily_max_tokens_per_user: 100,
             historical_max_tokens: 160,
             merge_max_tokens: 220,

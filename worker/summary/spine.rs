@@ -18,10 +18,12 @@ pub struct Sections {
     pub open_loops: Vec<String>,
 }
 
+/// Up to 3 items of 100 characters per section: the longest answer (about 1,300
+/// characters) fits the spine's token budget, so a full answer is never cut off.
 pub const SPINE_GRAMMAR: &str = r#"
 root  ::= "{\"profile\": " arr ", \"projects\": " arr ", \"people\": " arr ", \"open_loops\": " arr "}"
-arr   ::= "[" ( str ( ", " str ){0,3} )? "]"
-str   ::= "\"" char{3,120} "\""
+arr   ::= "[" ( str ( ", " str ){0,2} )? "]"
+str   ::= "\"" char{3,100} "\""
 char  ::= [^"\\\x00-\x1f] | "\\" ["\\/]
 "#;
 
