@@ -1259,3 +1259,28 @@ async fn http_summary_route_serves_the_caller_only(pool: PgPool) {
     assert_eq!(r.status(), 400, "a character that is not a number");
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_running_summary_asks_before_every_decode_step_and_waits_while_turns_run() {
+    use kvmem::summary::llm::{Busy, Prompt, Summarizer};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    // Busy for the first 40 checks (a turn generating), then free.
+    let busy: Busy = Arc::new(move || seen.fetch_add(1, Ordering::SeqCst) < 40);
+    let model = Summarizer::start(tiny_engine(), Some(busy)).unwrap();
+    let prompt = Prompt {
+        system: "Summarise the text.".into(),
+        header: "Text:".into(),
+        lines: vec!["the quick brown fox".into()],
+        footer: "Summary:".into(),
+        grammar: None,
+        max_tokens: 16,
+    };
+    let g = model.generate(prompt).await.unwrap();
+    assert!(g.truncated, "the random model used its whole budget: {g:?}");
+    // 40 busy answers, then one free answer before each of >= 1 prompt decode and 16
+    // token decodes.
+    let n = calls.load(Ordering::SeqCst);
+    assert!(n >= 40 + 17, "asked {n} times");
+}

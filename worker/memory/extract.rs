@@ -152,6 +152,21 @@ pub fn generate(
     grammar: Option<&str>,
     max_tokens: u32,
 ) -> Result<(String, bool), ExtractError> {
+    generate_yielding(engine, ctx, system, user, grammar, max_tokens, &mut || {})
+}
+
+/// [`generate`], calling `before_decode` before every decode step: a background lane
+/// blocks there while a live turn needs the cores, so a job already running gives way
+/// within one step instead of slowing the turn down to its end.
+pub fn generate_yielding(
+    engine: &Engine,
+    ctx: &mut LlamaContext<'_>,
+    system: &str,
+    user: &str,
+    grammar: Option<&str>,
+    max_tokens: u32,
+    before_decode: &mut dyn FnMut(),
+) -> Result<(String, bool), ExtractError> {
     let mut prompt = engine.base_tokens(system);
     prompt.extend(engine.block(&engine.frame.user, &[user]));
     let n_ctx = ctx.n_ctx();
@@ -185,6 +200,7 @@ pub fn generate(
                 .add(t, (c * n_batch + i) as i32, &[SEQ], logits)
                 .map_err(|e| decode_err(&e))?;
         }
+        before_decode();
         ctx.decode(&mut batch).map_err(|e| decode_err(&e))?;
     }
     let mut out = Vec::new();
@@ -201,6 +217,7 @@ pub fn generate(
         batch
             .add(t, (prompt.len() + out.len() - 1) as i32, &[SEQ], true)
             .map_err(|e| decode_err(&e))?;
+        before_decode();
         ctx.decode(&mut batch).map_err(|e| decode_err(&e))?;
         logits_idx = 0;
     }

@@ -1,5 +1,6 @@
 //! Work a worker does while no turn of its own is generating: the memory lane, then the
-//! summary lane. Neither ever stands between a live turn and its engine.
+//! summary lane. Neither ever stands between a live turn and its engine; a summary already
+//! running when a turn arrives pauses until the turn is done.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use crate::summary::SummaryService;
 /// a time: memory first, because summaries read what it writes.
 pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationToken) {
     let memory = memory_service(&deps).await;
-    let summary = summary_service(&deps).await;
+    let summary = summary_service(&deps, &slots).await;
     let all = deps.settings.concurrency as usize;
     let rest = Duration::from_millis(deps.settings.poll_ms.max(100));
     while !shutdown.is_cancelled() {
@@ -50,7 +51,9 @@ async fn memory_service(deps: &Deps) -> Option<MemoryService> {
     }
 }
 
-async fn summary_service(deps: &Deps) -> Option<SummaryService> {
+/// The summary service, its model thread paused while any of this worker's turns holds a
+/// slot: a summary already running gives way within one decode step.
+async fn summary_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<SummaryService> {
     if !deps.settings.summary_lane {
         return None;
     }
@@ -58,7 +61,10 @@ async fn summary_service(deps: &Deps) -> Option<SummaryService> {
         Generator::Llama(pipeline) => Some(pipeline.engine().clone()),
         Generator::Echo { .. } => None,
     };
-    Some(crate::summary::worker_service(deps.pool.clone(), &deps.settings, chat_engine).await)
+    let (slots, all) = (slots.clone(), deps.settings.concurrency as usize);
+    let busy: crate::summary::llm::Busy = Arc::new(move || slots.available_permits() < all);
+    let svc = crate::summary::worker_service(deps.pool.clone(), &deps.settings, chat_engine, busy);
+    Some(svc.await)
 }
 
 /// One memory job; true if it did work.

@@ -132,7 +132,7 @@ async fn rebuild(
 
 async fn context(pool: &PgPool, settings: &Settings, user: &str, scope: &str) -> Result<()> {
     check_user(user)?;
-    let svc = SummaryService::load(pool.clone(), settings).await;
+    let svc = SummaryService::load(pool.clone(), settings, None).await;
     let c = daily::user_context(&svc, scope, user, Utc::now()).await?;
     println!("{}", serde_json::to_string_pretty(&c)?);
     Ok(())
@@ -157,7 +157,7 @@ fn check_user(user: &str) -> Result<()> {
 }
 
 async fn work(pool: &PgPool, settings: &Settings) -> Result<()> {
-    let svc = SummaryService::load(pool.clone(), settings).await;
+    let svc = SummaryService::load(pool.clone(), settings, None).await;
     for o in jobs::drain_at(&svc, Utc::now()).await? {
         println!("{}", serde_json::to_string(&o)?);
     }

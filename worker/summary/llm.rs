@@ -1,6 +1,8 @@
 //! The summary model on a thread of its own: a llama.cpp context cannot move between
 //! threads, so one thread owns it and summary prompts queue for it. A prompt is fitted to
 //! the context with the model's tokenizer by dropping its oldest lines, never by guessing.
+//! In a worker the thread pauses between decode steps while a live turn generates, so a
+//! summary never competes with a turn for the cores.
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
@@ -35,6 +37,13 @@ pub struct Generated {
 }
 
 type Reply = std::result::Result<Generated, String>;
+
+/// True while live turns need the cores; the summary thread waits between decode steps
+/// until it is false. The runner builds it from its turn slots.
+pub type Busy = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a paused summary looks again.
+const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 type Job = (Prompt, oneshot::Sender<Reply>);
 
 /// The model thread and a handle on its engine (for token counts, which need no context).
@@ -45,7 +54,10 @@ pub struct Summarizer {
 
 impl Summarizer {
     /// Creates the context on a new thread; fails if llama.cpp cannot make one.
-    pub fn start(engine: Arc<Engine>) -> std::result::Result<Summarizer, String> {
+    pub fn start(
+        engine: Arc<Engine>,
+        busy: Option<Busy>,
+    ) -> std::result::Result<Summarizer, String> {
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread_engine = engine.clone();
@@ -63,7 +75,7 @@ impl Summarizer {
                     }
                 };
                 for (prompt, reply) in rx {
-                    let _ = reply.send(run(&thread_engine, &mut ctx, prompt));
+                    let _ = reply.send(run(&thread_engine, &mut ctx, prompt, busy.as_ref()));
                 }
             })
             .map_err(|e| e.to_string())?;
@@ -110,7 +122,12 @@ impl Summarizer {
     }
 }
 
-fn run(engine: &Engine, ctx: &mut llama_cpp_2::context::LlamaContext<'static>, p: Prompt) -> Reply {
+fn run(
+    engine: &Engine,
+    ctx: &mut llama_cpp_2::context::LlamaContext<'static>,
+    p: Prompt,
+    busy: Option<&Busy>,
+) -> Reply {
     let started = Instant::now();
     let n_ctx = ctx.n_ctx() as usize;
     let fixed = engine.base_tokens(&p.system).len()
@@ -130,13 +147,19 @@ fn run(engine: &Engine, ctx: &mut llama_cpp_2::context::LlamaContext<'static>, p
         })?;
     let (lines, dropped) = fit_lines(engine, &p.lines, budget);
     let user = format!("{}\n{}\n{}", p.header, lines.join("\n"), p.footer);
-    let (text, truncated) = extract::generate(
+    let mut give_way = || {
+        while busy.is_some_and(|b| b()) {
+            std::thread::sleep(PAUSE_POLL);
+        }
+    };
+    let (text, truncated) = extract::generate_yielding(
         engine,
         ctx,
         &p.system,
         &user,
         p.grammar.as_deref(),
         p.max_tokens,
+        &mut give_way,
     )
     .map_err(|e| e.to_string())?;
     Ok(Generated {

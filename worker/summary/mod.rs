@@ -94,13 +94,24 @@ pub struct SummaryService {
 }
 
 impl SummaryService {
-    /// A service around an already loaded engine (tests, or a worker sharing its model).
+    /// A service around an already loaded engine (tests, benchmarks, the CLI).
     pub fn with_engine(
         pool: PgPool,
         config: SummaryConfig,
         engine: Arc<Engine>,
     ) -> Result<SummaryService> {
-        let llm = llm::Summarizer::start(engine).map_err(SummaryError::Model)?;
+        SummaryService::yielding(pool, config, engine, None)
+    }
+
+    /// [`SummaryService::with_engine`] whose model thread gives way while `busy` says live
+    /// turns need the cores (a worker's summary lane).
+    pub fn yielding(
+        pool: PgPool,
+        config: SummaryConfig,
+        engine: Arc<Engine>,
+        busy: Option<llm::Busy>,
+    ) -> Result<SummaryService> {
+        let llm = llm::Summarizer::start(engine, busy).map_err(SummaryError::Model)?;
         Ok(SummaryService::new(pool, config, Some(Arc::new(llm))))
     }
 
@@ -122,37 +133,26 @@ impl SummaryService {
 
     /// Loads the configured model on a blocking thread. A model that fails to load is an
     /// event and a service without a model, never fatal to the worker.
-    pub async fn load(pool: PgPool, settings: &Settings) -> SummaryService {
+    pub async fn load(
+        pool: PgPool,
+        settings: &Settings,
+        busy: Option<llm::Busy>,
+    ) -> SummaryService {
         let config = SummaryConfig::from_settings(settings);
         let Some(path) = config.model_path.clone() else {
-            event(
-                &pool,
-                "summary_model_unavailable",
-                serde_json::json!({"reason": "no model configured"}),
-            )
-            .await;
-            return SummaryService::new(pool, config, None);
+            return unavailable(pool, config, "no model configured".into()).await;
         };
         let params = EngineParams::from_settings(settings);
         let loaded = tokio::task::spawn_blocking(move || {
             let engine = Engine::load(&path, None, params).map_err(|e| e.to_string())?;
-            llm::Summarizer::start(Arc::new(engine))
+            llm::Summarizer::start(Arc::new(engine), busy)
         })
         .await
         .map_err(|e| e.to_string())
         .and_then(|r| r);
         match loaded {
             Ok(llm) => SummaryService::new(pool, config, Some(Arc::new(llm))),
-            Err(e) => {
-                tracing::warn!(error = %e, "summary model not loaded; summaries degrade");
-                event(
-                    &pool,
-                    "summary_model_unavailable",
-                    serde_json::json!({"reason": e}),
-                )
-                .await;
-                SummaryService::new(pool, config, None)
-            }
+            Err(e) => unavailable(pool, config, e).await,
         }
     }
 
@@ -166,26 +166,35 @@ impl SummaryService {
 
 /// The service a llama worker runs its summary lane with: the configured summary model, or
 /// else `chat_engine`, the chat model's weights shared with the turn pipeline (a context of
-/// its own). The runner passes the engine in, so this layer never knows the runner.
+/// its own). Its model thread pauses while `busy` is true. The runner passes both in, so
+/// this layer never knows the runner.
 pub async fn worker_service(
     pool: PgPool,
     settings: &Settings,
     chat_engine: Option<Arc<Engine>>,
+    busy: llm::Busy,
 ) -> SummaryService {
     let shared = chat_engine.filter(|_| settings.summary_model_path.is_none());
     let Some(engine) = shared else {
-        return SummaryService::load(pool, settings).await;
+        return SummaryService::load(pool, settings, Some(busy)).await;
     };
     let config = SummaryConfig::from_settings(settings);
-    match SummaryService::with_engine(pool.clone(), config.clone(), engine) {
+    match SummaryService::yielding(pool.clone(), config.clone(), engine, Some(busy)) {
         Ok(svc) => svc,
-        Err(e) => {
-            tracing::warn!(error = %e, "summary context not created; summaries degrade");
-            let detail = serde_json::json!({"reason": e.to_string()});
-            event(&pool, "summary_model_unavailable", detail).await;
-            SummaryService::new(pool, config, None)
-        }
+        Err(e) => unavailable(pool, config, e.to_string()).await,
     }
+}
+
+/// A service without a model, after recording why: summaries degrade, the worker goes on.
+async fn unavailable(pool: PgPool, config: SummaryConfig, reason: String) -> SummaryService {
+    tracing::warn!(%reason, "no summary model; summaries degrade");
+    event(
+        &pool,
+        "summary_model_unavailable",
+        serde_json::json!({"reason": reason}),
+    )
+    .await;
+    SummaryService::new(pool, config, None)
 }
 
 /// Records summary progress or failure in `events`, where `kvmem status` shows it. Best
