@@ -181,7 +181,7 @@ async fn kinds(env: &Env) -> Result<Value> {
         EngineParams::from_settings(&settings()?),
     )?);
     let pool = fresh_db(env, "kvmem_bench_summary_kinds").await?;
-    let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
+    let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     for run in 0..env.runs {
         let svc = SummaryService::with_engine(pool.clone(), config(), engine.clone())?;
         let t = lane_kinds(&svc, run).await?;
@@ -190,7 +190,7 @@ async fn kinds(env: &Env) -> Result<Value> {
         for (kind, v) in t.into_iter().chain(d).chain(c) {
             match rows.iter_mut().find(|(k, _)| *k == kind) {
                 Some((_, all)) => all.push(v),
-                None => rows.push((kind, vec![v])),
+                None => rows.push((kind.to_string(), vec![v])),
             }
         }
     }
@@ -198,11 +198,11 @@ async fn kinds(env: &Env) -> Result<Value> {
         "## Summary kinds on SmolLM2-135M Q4_1 ({} runs each)\n",
         env.runs
     );
-    println!("| kind | median ms | min ms | max ms |\n|---|---:|---:|---:|");
+    println!("| kind | n | median ms | min ms | max ms |\n|---|---:|---:|---:|---:|");
     let mut out = Vec::new();
     for (kind, mut v) in rows {
         let (med, lo, hi) = (median(&mut v), v[0], v[v.len() - 1]);
-        println!("| {kind} | {med:.0} | {lo:.0} | {hi:.0} |");
+        println!("| {kind} | {} | {med:.0} | {lo:.0} | {hi:.0} |", v.len());
         out.push(json!({"kind": kind, "median_ms": med, "min_ms": lo, "max_ms": hi, "n": v.len()}));
     }
     println!();
@@ -214,7 +214,7 @@ fn config() -> SummaryConfig {
 }
 
 /// Rolling (4 turns), session (close, then JSON) and spine (20 messages) on the lane.
-async fn lane_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str, f64)>> {
+async fn lane_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(String, f64)>> {
     let user = format!("lane{run}");
     let t0 = Utc.with_ymd_and_hms(2026, 3, 10, 9, 0, 0).unwrap();
     user_with_turns(&svc.pool, &user, t0, 20).await?;
@@ -226,14 +226,17 @@ async fn lane_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static st
         let took = ms(started.elapsed());
         match o {
             jobs::Outcome::Empty => return Ok(out),
-            jobs::Outcome::Done { kind, .. } | jobs::Outcome::Failed { kind, .. } => {
-                if let Some(k) = ["rolling", "session", "spine"]
-                    .into_iter()
-                    .find(|k| *k == kind)
-                {
-                    out.push((k, took));
-                }
+            jobs::Outcome::Done { kind, result, .. } if kind != "close" => {
+                let label = match result["attempts"].as_i64() {
+                    Some(n) => format!("{kind} (made on attempt {n})"),
+                    None => format!("{kind} (made)"),
+                };
+                out.push((label, took));
             }
+            jobs::Outcome::Failed { kind, .. } => {
+                out.push((format!("{kind} (refused, stored as an error)"), took));
+            }
+            jobs::Outcome::Done { .. } => {}
             jobs::Outcome::Busy => {}
         }
     }
@@ -242,7 +245,7 @@ async fn lane_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static st
 /// Seed 004's levels for one user over a week: a past day's batch, the current day's
 /// batch, days 2–7 (its six past days made first, so the call times one model call), and
 /// the 3-way merge (the three inputs cached, so the call times the merge alone).
-async fn day_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str, f64)>> {
+async fn day_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(String, f64)>> {
     let user = format!("day{run}");
     let now = Utc.with_ymd_and_hms(2026, 3, 10, 18, 0, 0).unwrap();
     for d in 0..7 {
@@ -285,21 +288,26 @@ async fn day_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str
     if !c.degraded.is_empty() {
         println!("note: run {run} degraded: {:?}", c.degraded);
     }
-    Ok(out)
+    Ok(out.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 /// Compaction of a 52-entry chat history: one model call over the 22 oldest.
-async fn compact_kind(svc: &SummaryService, run: usize) -> Result<Vec<(&'static str, f64)>> {
+async fn compact_kind(svc: &SummaryService, run: usize) -> Result<Vec<(String, f64)>> {
     let user = format!("compact{run}");
     let t0 = Utc.with_ymd_and_hms(2026, 3, 1, 9, 0, 0).unwrap();
     user_with_turns(&svc.pool, &user, t0, 26).await?;
+    // This user's own lane jobs would be timed by the next run's lane loop.
+    sqlx::query("DELETE FROM summary_jobs WHERE user_id = $1")
+        .bind(&user)
+        .execute(&svc.pool)
+        .await?;
     let started = Instant::now();
     let r = compaction::compact_session(svc, &format!("chat-{user}"), t0.timestamp()).await?;
     let took = ms(started.elapsed());
     if r.model_fallback {
         println!("note: run {run} compaction fell back to the bullet list");
     }
-    Ok(vec![("compaction (22 of 52 entries)", took)])
+    Ok(vec![("compaction (22 of 52 entries)".into(), took)])
 }
 
 /// Live-turn latency on one llama worker (concurrency 1, summary lane on): first with the
