@@ -295,9 +295,21 @@ async fn another_model_means_one_cold_start_then_warm(pool: PgPool) {
     assert!(log.loaded);
     drop(a);
     let b = llama_deps(&pool, s.clone(), load_engine(&tiny_model_alt(), &s), "w2");
-    let (_, log) = one_turn(&b, "s", "u1", ch, "three").await;
+    let (id, log) = one_turn(&b, "s", "u1", ch, "three").await;
     assert!(log.cold && !log.loaded);
-    assert!(log.cold_reason.unwrap().contains("model_sha"));
+    // Token ids recorded by another model mean nothing to this one: the text rebuild.
+    let reason = log.cold_reason.unwrap();
+    assert!(
+        reason.contains("model_sha") && reason.contains("text rebuild: model changed"),
+        "{reason}"
+    );
+    let rebuild: Option<String> =
+        sqlx::query_scalar("SELECT rebuild FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1")
+            .bind(id.0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rebuild.as_deref(), Some("text"));
     let (_, log) = one_turn(&b, "s", "u1", ch, "four").await;
     assert!(log.loaded && !log.cold);
     assert_eq!(
