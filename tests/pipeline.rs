@@ -303,12 +303,13 @@ async fn another_model_means_one_cold_start_then_warm(pool: PgPool) {
         reason.contains("model_sha") && reason.contains("text rebuild: model changed"),
         "{reason}"
     );
-    let rebuild: Option<String> =
-        sqlx::query_scalar("SELECT rebuild FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1")
-            .bind(id.0)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let rebuild: Option<String> = sqlx::query_scalar(
+        "SELECT rebuild FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(id.0)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(rebuild.as_deref(), Some("text"));
     let (_, log) = one_turn(&b, "s", "u1", ch, "four").await;
     assert!(log.loaded && !log.cold);

@@ -114,26 +114,7 @@ pub fn run_in_context(
             rebuild: None,
             seen_digest: Some(warm_digest),
         },
-        Some(ColdSource::Exact(record)) => {
-            history::decode_exact(&mut session, &record)?;
-            LoadedKv {
-                rebuild: Some(Rebuild::Exact),
-                seen_digest: Some(record.digest_version),
-            }
-        }
-        Some(ColdSource::Text(exchanges)) => {
-            session.append(&blocks.base, Some(SegKind::Base))?;
-            history::rebuild(
-                engine,
-                &mut session,
-                &exchanges,
-                job.tail.saturating_sub(blocks.close.len() as u32),
-            )?;
-            LoadedKv {
-                rebuild: Some(Rebuild::Text),
-                seen_digest: None,
-            }
-        }
+        Some(source) => lay_back(engine, &mut session, source, &blocks, job.tail)?,
     };
 
     // 3 (decided before the prune, which must leave room for it). The digest goes in only
@@ -160,20 +141,9 @@ pub fn run_in_context(
     let reply = session.generate(job.reply_max, abort, &mut stats)?;
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
 
-    // 5. The HUD is ephemeral. The exchange (message, reply, close) is decoded again
-    // without it, as one segment, after a prune when the tail needs one: the saved KV is
-    // then exactly what a cold start decodes from the same tokens (`history::decode_exact`).
+    // 5. The HUD is ephemeral; the exchange stays, within the tail.
     let redecode_started = Instant::now();
-    let hud_end = (hud_start as usize) + blocks.hud.len();
-    let exchange = [&session.tokens()[hud_end..], &blocks.close[..]].concat();
-    session.truncate_tail(hud_start)?;
-    let room = exchange.len() as u32;
-    if session.len() + room > job.tail {
-        session.prune_to(low_water(job.tail).saturating_sub(room))?;
-    }
-    session.append(&exchange, Some(SegKind::Turn))?;
-    // Only an exchange longer than the tail itself still overflows: it goes too.
-    session.prune_to(job.tail)?;
+    settle(&mut session, hud_start, &blocks, job.tail)?;
     stats.redecode_ms = redecode_started.elapsed().as_millis() as u64;
 
     let state = job.export.then(|| session.export_state());
@@ -198,6 +168,57 @@ pub fn run_in_context(
         load_ms,
         stats,
     })))
+}
+
+/// A cold start's step 1: the recorded dialogue decoded as recorded, or the text rebuilt.
+fn lay_back(
+    engine: &Engine,
+    session: &mut KvSession,
+    source: ColdSource,
+    blocks: &Blocks,
+    tail: u32,
+) -> Result<LoadedKv, TurnError> {
+    Ok(match source {
+        ColdSource::Exact(record) => {
+            history::decode_exact(session, &record)?;
+            LoadedKv {
+                rebuild: Some(Rebuild::Exact),
+                seen_digest: Some(record.digest_version),
+            }
+        }
+        ColdSource::Text(exchanges) => {
+            session.append(&blocks.base, Some(SegKind::Base))?;
+            let budget = tail.saturating_sub(blocks.close.len() as u32);
+            history::rebuild(engine, session, &exchanges, budget)?;
+            LoadedKv {
+                rebuild: Some(Rebuild::Text),
+                seen_digest: None,
+            }
+        }
+    })
+}
+
+/// Step 5's KV half. The HUD leaves the KV, and the exchange (message, reply, close) is
+/// decoded again without it, as one segment, after a prune when the tail needs one: the
+/// saved KV is then exactly what a cold start decodes from the same tokens
+/// ([`history::decode_exact`]).
+fn settle(
+    session: &mut KvSession,
+    hud_start: u32,
+    blocks: &Blocks,
+    tail: u32,
+) -> Result<(), TurnError> {
+    let hud_end = hud_start as usize + blocks.hud.len();
+    let exchange = [&session.tokens()[hud_end..], &blocks.close[..]].concat();
+    session.truncate_tail(hud_start)?;
+    let room = exchange.len() as u32;
+    if session.len() + room > tail {
+        session.prune_to(low_water(tail).saturating_sub(room))?;
+    }
+    session.append(&exchange, Some(SegKind::Turn))?;
+    // Only an exchange longer than the tail itself still overflows: it goes too.
+    session.prune_to(tail)?;
+    Ok(())
 }
 
 /// Where a prune at the end of a turn takes the KV: below the tail, so the re-decode a
