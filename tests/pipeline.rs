@@ -44,10 +44,11 @@ async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
         assert_eq!(log.loaded, t > 1);
         sizes.push(log.kv_bytes);
     }
-    // Bytes plateau: the last ten saves stay within one turn's worth of each other.
+    // Bytes plateau: the last ten saves stay in a band. A prune takes the KV down to 3/4
+    // of the tail less the new exchange, and it grows back to the tail.
     let last = &sizes[20..];
     let (lo, hi) = (last.iter().min().unwrap(), last.iter().max().unwrap());
-    assert!(*hi as f64 <= *lo as f64 * 1.5, "no plateau: {sizes:?}");
+    assert!(*hi as f64 <= *lo as f64 * 2.0, "no plateau: {sizes:?}");
     assert!(sizes[29] > sizes[0], "KV did not grow at all: {sizes:?}");
     // The saved KV starts with the base prompt and holds no HUD text.
     let scope = snapshot::scope_key("u1", ch, "scene");
