@@ -91,16 +91,17 @@ async fn runbook(pool: PgPool, model: std::path::PathBuf, other_model: std::path
     let t4 = say(&deps).await;
     assert!(!t4.cold && t4.digest_injected, "T4 {t4:?}");
     assert_ne!(t4.digest_version, t1.digest_version);
-    let mut last_kv = 0;
+    let mut most_kv = 0;
     for _ in 5..=10 {
         let t = say(&deps).await;
         assert!(!t.cold && !t.digest_injected, "{t:?}");
         assert!(t.tokens_in_kv <= tail);
-        last_kv = t.tokens_in_kv;
+        most_kv = most_kv.max(t.tokens_in_kv);
     }
+    // A prune takes the KV down to 3/4 of the tail, so it grows back towards the tail.
     assert!(
-        last_kv > tail * 3 / 4,
-        "tokens_in_kv should approach the tail, got {last_kv}"
+        most_kv > tail * 3 / 4,
+        "tokens_in_kv should approach the tail, got at most {most_kv}"
     );
 
     // Restart mid-scene: a new worker (new engine, new pipeline) resumes warm.

@@ -455,7 +455,7 @@ async fn replay_reproduces_replies_and_check_catches_a_change(pool: PgPool) {
     let scenes = kvmem::cmd::replay::scenes_from_db(&pool, &["rec".to_string()])
         .await
         .unwrap();
-    let report = kvmem::cmd::replay::run(&pool, &scenes, "r1", Duration::from_secs(120), false)
+    let report = kvmem::cmd::replay::run(&pool, &scenes, "r1", Duration::from_secs(600), false)
         .await
         .unwrap();
     assert_eq!(report.turns.len(), 5);
@@ -484,7 +484,7 @@ async fn replay_reproduces_replies_and_check_catches_a_change(pool: PgPool) {
     let scenes = kvmem::cmd::replay::scenes_from_db(&pool, &["rec".to_string()])
         .await
         .unwrap();
-    let report = kvmem::cmd::replay::run(&pool, &scenes, "r2", Duration::from_secs(120), false)
+    let report = kvmem::cmd::replay::run(&pool, &scenes, "r2", Duration::from_secs(600), false)
         .await
         .unwrap();
     assert_eq!(report.divergences, 1);

@@ -75,7 +75,15 @@ impl Drop for Workers {
     }
 }
 
+/// Where worker `n` of this test process writes its log, so a worker that exits can say why.
+fn worker_log(n: usize) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("kvmem-pg-restart-{}-{n}.log", std::process::id()))
+}
+
 fn worker(url: &str) -> Child {
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = std::fs::File::create(worker_log(n)).unwrap();
     kvmem_command(url)
         .args([
             "worker",
@@ -89,7 +97,7 @@ fn worker(url: &str) -> Child {
         ])
         .env("KVMEM_MODEL_PATH", tiny_model())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap()
 }
@@ -265,9 +273,14 @@ async fn outage_under_load(n: u32, how: &str) {
     // The workers are still up.
     let mut workers = _workers;
     for w in &mut workers.0 {
-        assert!(
-            w.try_wait().unwrap().is_none(),
-            "a worker exited during the restart"
-        );
+        if let Some(status) = w.try_wait().unwrap() {
+            let logs: Vec<String> = (0..4)
+                .filter_map(|n| std::fs::read_to_string(worker_log(n)).ok())
+                .collect();
+            panic!(
+                "a worker exited during the restart ({status}); worker logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
     }
 }

@@ -44,10 +44,11 @@ async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
         assert_eq!(log.loaded, t > 1);
         sizes.push(log.kv_bytes);
     }
-    // Bytes plateau: the last ten saves stay within one turn's worth of each other.
+    // Bytes plateau: the last ten saves stay in a band. A prune takes the KV down to 3/4
+    // of the tail less the new exchange, and it grows back to the tail.
     let last = &sizes[20..];
     let (lo, hi) = (last.iter().min().unwrap(), last.iter().max().unwrap());
-    assert!(*hi as f64 <= *lo as f64 * 1.5, "no plateau: {sizes:?}");
+    assert!(*hi as f64 <= *lo as f64 * 2.0, "no plateau: {sizes:?}");
     assert!(sizes[29] > sizes[0], "KV did not grow at all: {sizes:?}");
     // The saved KV starts with the base prompt and holds no HUD text.
     let scope = snapshot::scope_key("u1", ch, "scene");
@@ -295,9 +296,22 @@ async fn another_model_means_one_cold_start_then_warm(pool: PgPool) {
     assert!(log.loaded);
     drop(a);
     let b = llama_deps(&pool, s.clone(), load_engine(&tiny_model_alt(), &s), "w2");
-    let (_, log) = one_turn(&b, "s", "u1", ch, "three").await;
+    let (id, log) = one_turn(&b, "s", "u1", ch, "three").await;
     assert!(log.cold && !log.loaded);
-    assert!(log.cold_reason.unwrap().contains("model_sha"));
+    // Token ids recorded by another model mean nothing to this one: the text rebuild.
+    let reason = log.cold_reason.unwrap();
+    assert!(
+        reason.contains("model_sha") && reason.contains("text rebuild: model changed"),
+        "{reason}"
+    );
+    let rebuild: Option<String> = sqlx::query_scalar(
+        "SELECT rebuild FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(id.0)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rebuild.as_deref(), Some("text"));
     let (_, log) = one_turn(&b, "s", "u1", ch, "four").await;
     assert!(log.loaded && !log.cold);
     assert_eq!(

@@ -218,12 +218,7 @@ async fn group_commit_fences_each_turn(pool: PgPool) {
         .iter()
         .map(|t| queue::Completion {
             turn: t.clone(),
-            reply: format!("reply {}", t.session_id),
-            log: kvmem::turn::log::KvLog::start(
-                kvmem::turn::log::TurnPath::Echo,
-                &t.session_id,
-                2048,
-            ),
+            output: echo_output(&format!("reply {}", t.session_id), &t.session_id),
         })
         .collect();
     let results = queue::complete_many(&pool, &batch).await.unwrap();
@@ -357,8 +352,7 @@ async fn expired_lease_is_rerun_by_another_worker_and_the_stale_one_is_fenced(po
     let deps = echo_deps(&pool, settings(serde_json::json!({})), "B");
     assert_eq!(drain(&deps).await, vec![Outcome::Done(id)]);
     // A wakes up and tries to complete: refused by the fencing token.
-    let log = kvmem::turn::log::KvLog::start(kvmem::turn::log::TurnPath::Echo, "s", 4096);
-    let err = queue::complete(&pool, &stale, "stale reply", &log)
+    let err = queue::complete(&pool, &stale, echo_output("stale reply", "s"))
         .await
         .unwrap_err();
     assert!(matches!(err, QueueError::Fenced(t) if t == id));
@@ -396,9 +390,8 @@ async fn stale_worker_cannot_complete_even_before_anyone_reclaims(pool: PgPool) 
     let stale = queue::claim(&pool, "A", 50, &lanes).await.unwrap().unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
     queue::reap(&pool).await.unwrap();
-    let log = kvmem::turn::log::KvLog::start(kvmem::turn::log::TurnPath::Echo, "s", 4096);
     assert!(matches!(
-        queue::complete(&pool, &stale, "late", &log).await,
+        queue::complete(&pool, &stale, echo_output("late", "s")).await,
         Err(QueueError::Fenced(_))
     ));
     assert!(!queue::heartbeat(&pool, &stale, 1000).await.unwrap());
@@ -647,4 +640,13 @@ async fn old_events_are_trimmed(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(left, ["new"]);
+}
+
+/// A finished echo turn's output, as the generator hands it to the completion.
+fn echo_output(reply: &str, sid: &str) -> kvmem::turn::TurnOutput {
+    kvmem::turn::TurnOutput {
+        reply: reply.to_string(),
+        log: kvmem::turn::log::KvLog::start(kvmem::turn::log::TurnPath::Echo, sid, 4096),
+        kv: None,
+    }
 }

@@ -23,6 +23,50 @@ pub struct Scene {
     /// The recorded replies, when known, to compare against.
     #[serde(default)]
     pub replies: Vec<String>,
+    /// How each recorded turn's KV started, when known (not in JSONL scenes).
+    #[serde(default)]
+    pub starts: Vec<Option<TurnStart>>,
+    /// The source's facts changed while it ran: the replay starts from their current values.
+    #[serde(default)]
+    pub facts_changed: bool,
+}
+
+/// How a turn's KV started: warm, or cold with why and how the dialogue was rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnStart {
+    pub cold: bool,
+    pub cold_reason: Option<String>,
+    /// `exact` (recorded tokens) or `text` (re-tokenized dialogue), for a cold start.
+    pub rebuild: Option<String>,
+}
+
+impl TurnStart {
+    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Option<TurnStart>, sqlx::Error> {
+        let cold: Option<bool> = row.try_get("cold")?;
+        Ok(match cold {
+            None => None,
+            Some(cold) => Some(TurnStart {
+                cold,
+                cold_reason: row.try_get("cold_reason")?,
+                rebuild: row.try_get("rebuild")?,
+            }),
+        })
+    }
+
+    /// `warm`, `cold (exact)` or `cold (text): <reason>`: the table's start column.
+    fn label(start: Option<&TurnStart>) -> String {
+        match start {
+            None => "-".to_string(),
+            Some(s) if !s.cold => "warm".to_string(),
+            Some(s) => {
+                let how = s.rebuild.as_deref().unwrap_or("?");
+                match &s.cold_reason {
+                    Some(why) => format!("cold ({how}): {why}"),
+                    None => format!("cold ({how})"),
+                }
+            }
+        }
+    }
 }
 
 /// One replayed turn.
@@ -35,6 +79,13 @@ pub struct TurnReport {
     pub state: String,
     pub latency_ms: Option<i32>,
     pub cold: Option<bool>,
+    /// How the replayed turn's KV started.
+    pub start: Option<TurnStart>,
+    /// How the recorded turn's KV started.
+    pub original_start: Option<TurnStart>,
+    /// The latest recorded turn at or before this one that started cold after the first
+    /// turn (1-based): a divergence from here on may come from that cold start.
+    pub after_original_cold: Option<usize>,
     pub original: Option<String>,
     pub reply: Option<String>,
     /// `None` when there is no recorded reply to compare with.
@@ -49,6 +100,8 @@ pub struct Report {
     pub divergences: usize,
     pub failures: usize,
     pub elapsed_s: f64,
+    /// What may explain divergences besides the model (facts that changed mid-session).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +146,16 @@ pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Sc
                         .map(Option::unwrap_or_default)
                 })
                 .collect::<Result<_, _>>()?,
+            starts: rows
+                .iter()
+                .map(TurnStart::from_row)
+                .collect::<Result<_, _>>()?,
+            facts_changed: sqlx::query_scalar(include_str!(
+                "../../sql/cmd/replay_facts_changed.sql"
+            ))
+            .bind(sid)
+            .fetch_one(pool)
+            .await?,
         });
     }
     Ok(scenes)
@@ -188,6 +251,9 @@ pub async fn run(
             state: row.try_get("state")?,
             latency_ms: row.try_get("latency_ms")?,
             cold: row.try_get("cold")?,
+            start: TurnStart::from_row(&row)?,
+            original_start: scene.starts.get(i).cloned().flatten(),
+            after_original_cold: last_cold_start(&scene.starts[..scene.starts.len().min(i + 1)]),
             identical: original.as_ref().map(|o| Some(o) == reply.as_ref()),
             original,
             reply,
@@ -199,13 +265,40 @@ pub async fn run(
         failures: turns.iter().filter(|t| t.state != "done").count(),
         turns,
         elapsed_s: started.elapsed().as_secs_f64(),
+        notes: scenes
+            .iter()
+            .filter(|s| s.facts_changed)
+            .map(|s| {
+                format!(
+                    "{}: its facts changed while it ran; the replay used their current values, \
+                     so its digest differs from the original's until the last change",
+                    s.session_id
+                )
+            })
+            .collect(),
     })
+}
+
+/// The latest turn (1-based) after the first that started cold.
+fn last_cold_start(starts: &[Option<TurnStart>]) -> Option<usize> {
+    starts
+        .iter()
+        .enumerate()
+        .skip(1)
+        .rev()
+        .find(|(_, s)| s.as_ref().is_some_and(|s| s.cold))
+        .map(|(i, _)| i + 1)
 }
 
 /// A readable summary: one line per turn, and where diverging replies first differ.
 pub fn summary(report: &Report) -> String {
+    let after_cold = report
+        .turns
+        .iter()
+        .filter(|t| t.identical == Some(false) && t.after_original_cold.is_some())
+        .count();
     let mut out = format!(
-        "replay {}: {} turns, {} identical, {} diverged, {} failed, {:.1} s\n",
+        "replay {}: {} turns, {} identical, {} diverged ({} after a cold start in the original), {} failed, {:.1} s\n",
         report.run_id,
         report.turns.len(),
         report
@@ -214,43 +307,52 @@ pub fn summary(report: &Report) -> String {
             .filter(|t| t.identical == Some(true))
             .count(),
         report.divergences,
+        after_cold,
         report.failures,
         report.elapsed_s
     );
+    for note in &report.notes {
+        out.push_str(&format!("note: {note}\n"));
+    }
     out.push_str(
-        "| session | turn | state | start | latency_ms | reply |\n|---|---:|---|---|---:|---|\n",
+        "| session | turn | state | original start | replay start | latency_ms | reply |\n\
+         |---|---:|---|---|---|---:|---|\n",
     );
     for t in &report.turns {
         let verdict = match t.identical {
             Some(true) => "identical".to_string(),
-            Some(false) => format!(
-                "DIFFERS at char {}",
-                first_difference(
+            Some(false) => {
+                let at = first_difference(
                     t.original.as_deref().unwrap_or(""),
-                    t.reply.as_deref().unwrap_or("")
-                )
-            ),
+                    t.reply.as_deref().unwrap_or(""),
+                );
+                match t.after_original_cold {
+                    Some(turn) => format!(
+                        "DIFFERS at char {at}, after the original's cold start at turn {turn}"
+                    ),
+                    None => format!("DIFFERS at char {at}"),
+                }
+            }
             None => "no original".to_string(),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} |\n",
             t.source_session,
             t.index + 1,
             t.state,
-            match t.cold {
-                Some(true) => "cold",
-                Some(false) => "warm",
-                None => "-",
-            },
+            TurnStart::label(t.original_start.as_ref()),
+            TurnStart::label(t.start.as_ref()),
             t.latency_ms.map_or("-".into(), |l| l.to_string()),
             verdict
         ));
     }
     for t in report.turns.iter().filter(|t| t.identical == Some(false)) {
         out.push_str(&format!(
-            "\n{} turn {}:\n- original: {:?}\n+ replay:   {:?}\n",
+            "\n{} turn {} (original start: {}; replay start: {}):\n- original: {:?}\n+ replay:   {:?}\n",
             t.source_session,
             t.index + 1,
+            TurnStart::label(t.original_start.as_ref()),
+            TurnStart::label(t.start.as_ref()),
             t.original.as_deref().unwrap_or(""),
             t.reply.as_deref().unwrap_or("")
         ));

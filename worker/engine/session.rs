@@ -18,6 +18,8 @@ pub struct GenStats {
     pub prefill_ms: u64,
     pub ttft_ms: u64,
     pub generate_ms: u64,
+    /// Decoding the exchange again without the HUD, and after a prune.
+    pub redecode_ms: u64,
 }
 
 /// The live KV of one session inside a context: token ids and segments mirror it exactly.
@@ -194,7 +196,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
         Ok(())
     }
 
-    /// Removes the last `n` positions (an ephemeral span at the tail).
+    /// Removes every position from `start` on.
     pub fn truncate_tail(&mut self, start: u32) -> Result<()> {
         self.remove(start, self.len())
     }
@@ -202,49 +204,51 @@ impl<'e, 'c> KvSession<'e, 'c> {
     /// Drops the oldest segments, whole, until at most `max` tokens remain. The base prompt
     /// is never touched, and the newest digest is kept while anything else can go, so the
     /// world state stays in the KV instead of being re-injected. Returns tokens dropped.
+    ///
+    /// Everything after the first dropped segment is decoded again, segment by segment:
+    /// a position shift would keep values computed while the dropped tokens were still
+    /// visible, which no rebuild from the remaining tokens can reproduce. After a prune
+    /// the KV equals a fresh decode of what it holds.
     pub fn prune_to(&mut self, max: u32) -> Result<u32> {
+        let over = self.len().saturating_sub(max);
+        if over == 0 {
+            return Ok(0);
+        }
         let keep_digest = self
             .segments
             .iter()
             .rposition(|s| s.kind == SegKind::Digest);
-        let droppable: Vec<usize> = (0..self.segments.len())
+        let droppable = (0..self.segments.len())
             .filter(|&i| self.segments[i].kind != SegKind::Base && Some(i) != keep_digest)
-            .chain(keep_digest)
-            .collect();
-        let mut over = self.len().saturating_sub(max);
+            .chain(keep_digest);
         let mut doomed = vec![false; self.segments.len()];
+        let mut left = over;
         for i in droppable {
-            if over == 0 {
+            if left == 0 {
                 break;
             }
             doomed[i] = true;
-            over = over.saturating_sub(self.segments[i].len);
+            left = left.saturating_sub(self.segments[i].len);
         }
-        // Remove from the end so earlier positions stay valid; adjacent segments merge.
-        let starts: Vec<u32> = self
-            .segments
-            .iter()
-            .scan(0u32, |pos, s| {
-                let start = *pos;
-                *pos += s.len;
-                Some(start)
-            })
-            .collect();
+        let Some(first) = doomed.iter().position(|&d| d) else {
+            return Ok(0);
+        };
+        let cut: u32 = self.segments[..first].iter().map(|s| s.len).sum();
+        let mut at = cut as usize;
+        let mut kept = Vec::new();
         let mut dropped = 0;
-        let mut i = doomed.len();
-        while i > 0 {
-            i -= 1;
-            if !doomed[i] {
-                continue;
+        for (seg, gone) in self.segments[first..].iter().zip(&doomed[first..]) {
+            let span = at..at + seg.len as usize;
+            at = span.end;
+            if *gone {
+                dropped += seg.len;
+            } else {
+                kept.push((seg.kind, self.tokens[span].to_vec()));
             }
-            let end = starts[i] + self.segments[i].len;
-            let mut j = i;
-            while j > 0 && doomed[j - 1] {
-                j -= 1;
-            }
-            self.remove(starts[j], end)?;
-            dropped += end - starts[j];
-            i = j;
+        }
+        self.truncate_tail(cut)?;
+        for (kind, tokens) in kept {
+            self.append(&tokens, Some(kind))?;
         }
         Ok(dropped)
     }

@@ -1,10 +1,69 @@
-//! The cold path's dialogue: what a turn re-reads from `messages` when no snapshot can be
-//! trusted, and how it is laid back into an empty KV within the tail budget.
+//! The cold path's dialogue: what a turn reads back when no snapshot can be trusted (the
+//! recorded KV dialogue of the last committed turn, or else the text of `messages`), and
+//! how it is laid back into an empty KV.
 
+use llama_cpp_2::token::LlamaToken;
 use sqlx::{PgPool, Row};
 
 use crate::engine::{Engine, EngineError, KvSession};
-use crate::snapshot::SegKind;
+use crate::snapshot::{parse_segments, SegKind};
+use crate::turn::KvRecord;
+
+/// A session's `session_kv` row: the KV's dialogue after a committed turn, and for whom.
+pub struct Recorded {
+    pub user_id: String,
+    pub character_id: i64,
+    pub turn_id: i64,
+    pub record: KvRecord,
+}
+
+/// The session's recorded KV dialogue. A row whose segment table does not tile its tokens
+/// is reported as an error string: the caller falls back to the text rebuild.
+pub async fn recorded(
+    pool: &PgPool,
+    session_id: &str,
+) -> Result<Option<Result<Recorded, String>>, sqlx::Error> {
+    let Some(row) = sqlx::query(include_str!("../../sql/turn/session_kv.sql"))
+        .bind(session_id)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let token_ids: Vec<i32> = row.try_get("token_ids")?;
+    let segments: String = row.try_get("segments")?;
+    let segments = match parse_segments(&segments, token_ids.len() as u32) {
+        Ok(segments) => segments,
+        Err(e) => return Ok(Some(Err(format!("recorded segments unreadable: {e}")))),
+    };
+    Ok(Some(Ok(Recorded {
+        user_id: row.try_get("user_id")?,
+        character_id: row.try_get("character_id")?,
+        turn_id: row.try_get("turn_id")?,
+        record: KvRecord {
+            model_sha: row.try_get("model_sha")?,
+            token_ids,
+            segments,
+            digest_version: row.try_get("digest_version")?,
+        },
+    })))
+}
+
+/// Decodes a recorded dialogue segment by segment, so the KV gets the same tokens at the
+/// same positions with the same segment table as the warm KV it records.
+pub fn decode_exact(session: &mut KvSession, record: &KvRecord) -> Result<(), EngineError> {
+    let tokens: Vec<LlamaToken> = record.token_ids.iter().map(|&t| LlamaToken(t)).collect();
+    let mut at = 0usize;
+    for seg in &record.segments {
+        let end = at + seg.len as usize;
+        let span = tokens
+            .get(at..end)
+            .ok_or_else(|| EngineError::Context("recorded segments exceed the tokens".into()))?;
+        session.append(span, Some(seg.kind))?;
+        at = end;
+    }
+    Ok(())
+}
 
 /// How many recent exchanges a cold start reads back (bounded again by the tail).
 const HISTORY_EXCHANGES: i64 = 200;

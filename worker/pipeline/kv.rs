@@ -12,20 +12,45 @@ use super::history;
 use crate::context::digest;
 use crate::engine::{Engine, GenStats, KvSession};
 use crate::snapshot::{self, SegKind, Snapshot};
-use crate::turn::TurnError;
+use crate::turn::log::Rebuild;
+use crate::turn::{KvRecord, TurnError};
 
-/// What the engine thread needs for one turn.
+/// What the engine thread needs for one turn, besides where its KV comes from.
+#[derive(Clone)]
 pub struct TurnJob {
     pub base_prompt: String,
     pub hud: String,
     pub digest: digest::Stored,
     pub user: String,
-    pub snapshot: Option<Box<Snapshot>>,
-    /// Recent exchanges, oldest first, for a cold start.
-    pub history: Vec<(String, String)>,
     pub tail: u32,
     pub reply_max: u32,
     pub export: bool,
+}
+
+/// Where the turn's KV comes from.
+pub enum Start {
+    /// A trusted snapshot: resume warm.
+    Snapshot(Box<Snapshot>),
+    /// No trusted snapshot: rebuild the dialogue into an empty KV.
+    Cold(ColdSource),
+}
+
+/// What a cold start lays back into the KV.
+pub enum ColdSource {
+    /// The token ids and segments the KV held after the last committed turn: the warm
+    /// KV's dialogue, token for token.
+    Exact(KvRecord),
+    /// The recent exchanges' text, oldest first, re-tokenized (empty on a first turn).
+    Text(Vec<(String, String)>),
+}
+
+/// How the engine thread's part ended.
+#[derive(Debug)]
+pub enum KvOutcome {
+    Ran(Box<TurnRun>),
+    /// The snapshot could not be restored into this context (base prompt changed, or
+    /// llama.cpp refused the state): the pipeline starts the turn again, cold.
+    Refused(String),
 }
 
 /// What the engine thread produced.
@@ -36,7 +61,8 @@ pub struct TurnRun {
     pub segments: Vec<snapshot::Segment>,
     pub state: Option<Vec<u8>>,
     pub warm: bool,
-    pub cold_reason: Option<String>,
+    /// How a cold start rebuilt the dialogue; `None` when warm.
+    pub rebuild: Option<Rebuild>,
     pub tokens_loaded: u32,
     pub digest_injected: bool,
     /// The digest version the saved KV has seen ("" if none).
@@ -61,8 +87,9 @@ pub fn run_in_context(
     engine: &Engine,
     ctx: &mut LlamaContext<'static>,
     job: TurnJob,
+    start: Start,
     abort: &AtomicBool,
-) -> Result<TurnRun, TurnError> {
+) -> Result<KvOutcome, TurnError> {
     let started = Instant::now();
     let blocks = Blocks {
         base: engine.base_tokens(&job.base_prompt),
@@ -71,42 +98,24 @@ pub fn run_in_context(
         close: engine.tokenize_special(&engine.frame.reply_close, false),
     };
 
-    // 1. Load KV: warm from the snapshot, else cold.
-    let restored = job
-        .snapshot
-        .as_ref()
-        .map(|snap| restore(engine, &mut *ctx, snap, &blocks.base));
-    let (mut session, loaded) = match restored {
-        Some(Ok(session)) => {
-            let seen_digest = job
-                .snapshot
-                .as_ref()
-                .map(|s| s.header.digest_version.clone())
-                .unwrap_or_default();
-            (
-                session,
-                LoadedKv {
-                    warm: true,
-                    cold_reason: None,
-                    seen_digest,
-                },
-            )
-        }
-        Some(Err(why)) => (KvSession::empty(engine, ctx), cold(Some(why))),
-        None => (KvSession::empty(engine, ctx), cold(None)),
+    // 1. Load KV: warm from the snapshot, else rebuilt cold.
+    let (mut session, warm_digest, cold) = match start {
+        Start::Snapshot(snap) => match restore(engine, &mut *ctx, &snap, &blocks.base) {
+            Ok(session) => (session, snap.header.digest_version.clone(), None),
+            Err(why) => return Ok(KvOutcome::Refused(why)),
+        },
+        Start::Cold(source) => (KvSession::empty(engine, ctx), String::new(), Some(source)),
     };
     let tokens_loaded = session.len();
     let load_ms = started.elapsed().as_millis() as u64;
     let prefill_started = Instant::now();
-    if !loaded.warm {
-        session.append(&blocks.base, Some(SegKind::Base))?;
-        history::rebuild(
-            engine,
-            &mut session,
-            &job.history,
-            job.tail.saturating_sub(blocks.close.len() as u32),
-        )?;
-    }
+    let loaded = match cold {
+        None => LoadedKv {
+            rebuild: None,
+            seen_digest: Some(warm_digest),
+        },
+        Some(source) => lay_back(engine, &mut session, source, &blocks, job.tail)?,
+    };
 
     // 3 (decided before the prune, which must leave room for it). The digest goes in only
     // when the KV has not seen this version, or it was pruned away.
@@ -132,50 +141,103 @@ pub fn run_in_context(
     let reply = session.generate(job.reply_max, abort, &mut stats)?;
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
 
-    // 5. The HUD is ephemeral; prune to the tail; close the reply. Decoding the close
-    // applies the position shift, so the exported state is already rotated.
-    session.remove(hud_start, hud_start + blocks.hud.len() as u32)?;
-    session.prune_to(job.tail.saturating_sub(blocks.close.len() as u32))?;
-    session.append(&blocks.close, None)?;
+    // 5. The HUD is ephemeral; the exchange stays, within the tail.
+    let redecode_started = Instant::now();
+    settle(&mut session, hud_start, &blocks, job.tail)?;
+    stats.redecode_ms = redecode_started.elapsed().as_millis() as u64;
 
     let state = job.export.then(|| session.export_state());
     let injected = digest.is_some();
-    Ok(TurnRun {
+    Ok(KvOutcome::Ran(Box::new(TurnRun {
         reply: engine.detokenize(&reply),
         token_ids: session.token_ids(),
         segments: session.segments().to_vec(),
         state,
-        warm: loaded.warm,
-        cold_reason: (!loaded.warm).then(|| {
-            loaded
-                .cold_reason
-                .unwrap_or_else(|| "no snapshot".to_string())
-        }),
+        warm: loaded.rebuild.is_none(),
+        rebuild: loaded.rebuild,
         tokens_loaded,
         digest_injected: injected,
         kv_digest_version: if injected {
             job.digest.version.clone()
         } else {
-            loaded.seen_digest
+            loaded.seen_digest.unwrap_or_default()
         },
         s_tokens: digest.as_ref().map_or(0, |d| d.len() as u32),
         u_tokens: engine.count_tokens(&job.user) as u32,
         r_tokens: reply.len() as u32,
         load_ms,
         stats,
+    })))
+}
+
+/// A cold start's step 1: the recorded dialogue decoded as recorded, or the text rebuilt.
+fn lay_back(
+    engine: &Engine,
+    session: &mut KvSession,
+    source: ColdSource,
+    blocks: &Blocks,
+    tail: u32,
+) -> Result<LoadedKv, TurnError> {
+    Ok(match source {
+        ColdSource::Exact(record) => {
+            history::decode_exact(session, &record)?;
+            LoadedKv {
+                rebuild: Some(Rebuild::Exact),
+                seen_digest: Some(record.digest_version),
+            }
+        }
+        ColdSource::Text(exchanges) => {
+            session.append(&blocks.base, Some(SegKind::Base))?;
+            let budget = tail.saturating_sub(blocks.close.len() as u32);
+            history::rebuild(engine, session, &exchanges, budget)?;
+            LoadedKv {
+                rebuild: Some(Rebuild::Text),
+                seen_digest: None,
+            }
+        }
     })
+}
+
+/// Step 5's KV half. The HUD leaves the KV, and the exchange (message, reply, close) is
+/// decoded again without it, as one segment, after a prune when the tail needs one: the
+/// saved KV is then exactly what a cold start decodes from the same tokens
+/// ([`history::decode_exact`]).
+fn settle(
+    session: &mut KvSession,
+    hud_start: u32,
+    blocks: &Blocks,
+    tail: u32,
+) -> Result<(), TurnError> {
+    let hud_end = hud_start as usize + blocks.hud.len();
+    let exchange = [&session.tokens()[hud_end..], &blocks.close[..]].concat();
+    session.truncate_tail(hud_start)?;
+    let room = exchange.len() as u32;
+    if session.len() + room > tail {
+        session.prune_to(low_water(tail).saturating_sub(room))?;
+    }
+    session.append(&exchange, Some(SegKind::Turn))?;
+    // Only an exchange longer than the tail itself still overflows: it goes too.
+    session.prune_to(tail)?;
+    Ok(())
+}
+
+/// Where a prune at the end of a turn takes the KV: below the tail, so the re-decode a
+/// prune costs comes once every few turns instead of on every turn at the plateau.
+fn low_water(tail: u32) -> u32 {
+    tail - tail / 4
 }
 
 /// How step 1 went.
 struct LoadedKv {
-    warm: bool,
-    cold_reason: Option<String>,
-    /// The digest version the restored KV has seen ("" when cold).
-    seen_digest: String,
+    /// `None` when warm.
+    rebuild: Option<Rebuild>,
+    /// The digest version the KV has seen, when its dialogue is known exactly (warm, or
+    /// rebuilt from the record); `None` after a text rebuild, which holds no digest.
+    seen_digest: Option<String>,
 }
 
 /// Restores the snapshot when its base prompt still matches; otherwise why not. A failed
-/// restore leaves the context in an unknown state: the caller's empty KV clears it.
+/// restore leaves the context in an unknown state: the cold retry's empty KV clears it.
 fn restore<'e, 'c>(
     engine: &'e Engine,
     ctx: &'c mut LlamaContext<'static>,
@@ -200,14 +262,6 @@ fn restore<'e, 'c>(
     .map_err(|e| e.to_string())
 }
 
-fn cold(reason: Option<String>) -> LoadedKv {
-    LoadedKv {
-        warm: false,
-        cold_reason: reason,
-        seen_digest: String::new(),
-    }
-}
-
 /// The digest block to inject this turn, if one is due.
 fn digest_block(
     engine: &Engine,
@@ -216,12 +270,13 @@ fn digest_block(
     loaded: &LoadedKv,
 ) -> Option<Vec<LlamaToken>> {
     let has_digest = session.segments().iter().any(|s| s.kind == SegKind::Digest);
-    let stale = loaded.seen_digest != job.digest.version;
-    let due = if job.digest.content.is_empty() {
+    let due = match &loaded.seen_digest {
         // An emptied digest is injected once, so the KV stops believing the old one.
-        loaded.warm && stale && !loaded.seen_digest.is_empty()
-    } else {
-        !loaded.warm || stale || !has_digest
+        Some(seen) if job.digest.content.is_empty() => {
+            *seen != job.digest.version && !seen.is_empty()
+        }
+        Some(seen) => *seen != job.digest.version || !has_digest,
+        None => !job.digest.content.is_empty(),
     };
     due.then(|| {
         let content = if job.digest.content.is_empty() {

@@ -1,21 +1,127 @@
 //! Step 1's database and file half: find the session's snapshot and decide whether it may
 //! be trusted (verified, made by this engine, and written by the attempt that committed
-//! the session's last turn). Every refusal is a cold start with its reason.
+//! the session's last turn). Every refusal is a cold start with its reason, and a cold
+//! start rebuilds the committed dialogue exactly when this engine can, else from its text.
 
 use tracing::{error, info, warn};
 
-use super::{event, TurnPipeline};
+use super::history::{self, Recorded};
+use super::kv::{ColdSource, Start};
+use super::{event, Inputs, TurnPipeline};
 use crate::engine::LLAMA_BUILD;
-use crate::snapshot::{self, Header, Loaded, Snapshot};
-use crate::turn::{short_sha, ClaimedTurn};
+use crate::snapshot::{self, Header, Loaded, SegKind, Snapshot};
+use crate::turn::{short_sha, ClaimedTurn, KvRecord, TurnError};
+
+/// The session's last committed turn and the fencing token its completion recorded.
+pub(super) type LastDone = Option<(i64, Option<i64>)>;
 
 impl TurnPipeline {
+    /// Where the turn's KV comes from, and why it starts cold when it does.
+    pub(super) async fn start(
+        &self,
+        turn: &ClaimedTurn,
+        scope: &str,
+        inputs: &Inputs,
+        last_done: LastDone,
+    ) -> Result<(Start, Option<String>), TurnError> {
+        if !self.settings.kv_only_enabled {
+            // The rollback path re-reads the dialogue text on every turn, by design.
+            let exchanges = history::recent(&self.db, &turn.session_id).await?;
+            let reason = "KV_ONLY_ENABLED=false".to_string();
+            return Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)));
+        }
+        match self.load_snapshot(turn, scope, last_done).await {
+            (Some(snap), _) => Ok((Start::Snapshot(snap), None)),
+            (None, reason) => {
+                let reason = reason.unwrap_or_else(|| "no snapshot".to_string());
+                self.cold_start(turn, inputs, last_done, reason).await
+            }
+        }
+    }
+
+    /// A cold start: the recorded dialogue of the last committed turn when this engine can
+    /// decode it as recorded, else the text of `messages`, with the reason in `cold_reason`.
+    pub(super) async fn cold_start(
+        &self,
+        turn: &ClaimedTurn,
+        inputs: &Inputs,
+        last_done: LastDone,
+        reason: String,
+    ) -> Result<(Start, Option<String>), TurnError> {
+        let Some((last, _)) = last_done else {
+            // A first turn: there is no dialogue to rebuild.
+            return Ok((Start::Cold(ColdSource::Text(Vec::new())), Some(reason)));
+        };
+        let why_text = match history::recorded(&self.db, &turn.session_id).await? {
+            Some(Ok(recorded)) => match self.exact_fit(turn, inputs, last, recorded) {
+                Ok(record) => return Ok((Start::Cold(ColdSource::Exact(record)), Some(reason))),
+                Err(why) => why,
+            },
+            Some(Err(why)) => why,
+            None => "no recorded KV dialogue".to_string(),
+        };
+        info!(%why_text, "cold start rebuilds the dialogue from its text");
+        let exchanges = history::recent(&self.db, &turn.session_id).await?;
+        let reason = format!("{reason}; text rebuild: {why_text}");
+        Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)))
+    }
+
+    /// The recorded dialogue, if this engine reproduces it token for token; else why not.
+    fn exact_fit(
+        &self,
+        turn: &ClaimedTurn,
+        inputs: &Inputs,
+        last: i64,
+        recorded: Recorded,
+    ) -> Result<KvRecord, String> {
+        let engine = self.engine();
+        let record = recorded.record;
+        if recorded.turn_id != last {
+            // Turns committed without a record (the echo generator) leave an older one.
+            return Err(format!(
+                "the recorded dialogue is of turn {}, the last committed turn is {last}",
+                recorded.turn_id
+            ));
+        }
+        if recorded.user_id != turn.user_id || recorded.character_id != turn.character_id {
+            return Err("the recorded dialogue belongs to another scope".to_string());
+        }
+        if record.model_sha != engine.model_sha {
+            return Err(format!(
+                "model changed: recorded with {}, this engine runs {}",
+                short_sha(&record.model_sha),
+                short_sha(&engine.model_sha)
+            ));
+        }
+        if record.token_ids.len() as u32 > self.settings.n_ctx {
+            return Err(format!(
+                "the recorded dialogue ({} tokens) exceeds N_CTX {}",
+                record.token_ids.len(),
+                self.settings.n_ctx
+            ));
+        }
+        let base: Vec<i32> = engine
+            .base_tokens(&inputs.base_prompt)
+            .iter()
+            .map(|t| t.0)
+            .collect();
+        let base_kept = record
+            .segments
+            .first()
+            .is_some_and(|s| s.kind == SegKind::Base && s.len as usize == base.len())
+            && record.token_ids.starts_with(&base);
+        if !base_kept {
+            return Err("base prompt changed".to_string());
+        }
+        Ok(record)
+    }
+
     /// Reads and checks the session's snapshot. Any problem means a cold start, with the reason.
     pub(super) async fn load_snapshot(
         &self,
         turn: &ClaimedTurn,
         scope: &str,
-        last_done: Option<(i64, Option<i64>)>,
+        last_done: LastDone,
     ) -> (Option<Box<Snapshot>>, Option<String>) {
         let store = self.store.clone();
         let scope2 = scope.to_string();

@@ -23,10 +23,10 @@ use crate::context::hud;
 use crate::context::tokens::TokenCount;
 use crate::engine::{Engine, EngineError, EnginePool};
 use crate::metrics::Metrics;
-use crate::snapshot::{self, Limits, Snapshot, SnapshotStore};
+use crate::snapshot::{self, Limits, SnapshotStore};
 use crate::turn::log::{KvLog, TurnPath};
-use crate::turn::{ClaimedTurn, TurnError};
-use kv::{TurnJob, TurnRun};
+use crate::turn::{ClaimedTurn, KvRecord, TurnError, TurnOutput};
+use kv::{KvOutcome, Start, TurnJob, TurnRun};
 
 /// The llama.cpp generator: engine threads, snapshot store, settings and the database.
 pub struct TurnPipeline {
@@ -38,7 +38,7 @@ pub struct TurnPipeline {
 }
 
 /// What a turn reads before it touches the KV.
-struct Inputs {
+pub(super) struct Inputs {
     base_prompt: String,
     hud: String,
     digest: digest::Stored,
@@ -95,35 +95,40 @@ impl TurnPipeline {
         &self,
         turn: &ClaimedTurn,
         abort: Arc<AtomicBool>,
-    ) -> Result<(String, KvLog), TurnError> {
+    ) -> Result<TurnOutput, TurnError> {
         let s = &self.settings;
         let mut log = KvLog::start(self.path(), &turn.session_id, s.n_ctx);
         let inputs = self.inputs(turn).await?;
+        let last_done = crate::queue::last_done(&self.db, &turn.session_id)
+            .await
+            .map_err(|e| TurnError::retryable_from("reading the last committed turn", e))?;
 
-        // 1. Load KV: a trusted snapshot, or the dialogue a cold start rebuilds from.
+        // 1. Load KV: a trusted snapshot, or how a cold start rebuilds the dialogue.
         let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
-        let (snapshot, cold_reason) = self.trusted_snapshot(turn, &scope).await?;
-        let history = match snapshot {
-            None => history::recent(&self.db, &turn.session_id).await?,
-            Some(_) => Vec::new(),
-        };
+        let (start, mut cold_reason) = self.start(turn, &scope, &inputs, last_done).await?;
 
         // 2–4. Prune, build the context (HUD, digest when due, message), generate.
         let job = TurnJob {
-            base_prompt: inputs.base_prompt,
-            hud: inputs.hud,
+            base_prompt: inputs.base_prompt.clone(),
+            hud: inputs.hud.clone(),
             digest: inputs.digest.clone(),
             user: turn.message.clone(),
-            snapshot,
-            history,
             tail: s.kv_tail_tokens,
             reply_max: s.reply_max_tokens,
             export: s.kv_only_enabled,
         };
-        let run = self
-            .generate(job, abort.clone())
-            .await
-            .map_err(|e| e.with_log(log.clone()))?;
+        let mut outcome = self.generate(job.clone(), start, &abort, &log).await?;
+        if let KvOutcome::Refused(why) = outcome {
+            let (start, reason) = self.cold_start(turn, &inputs, last_done, why).await?;
+            cold_reason = reason;
+            outcome = self.generate(job, start, &abort, &log).await?;
+        }
+        let run = match outcome {
+            KvOutcome::Ran(run) => run,
+            KvOutcome::Refused(why) => {
+                return Err(TurnError::retryable(format!("cold start refused: {why}")))
+            }
+        };
         self.record(&mut log, turn, &run, cold_reason, &inputs.digest)
             .await;
 
@@ -137,7 +142,17 @@ impl TurnPipeline {
             }
             log.save_ms = saved_at.elapsed().as_millis() as u64;
         }
-        Ok((run.reply, log))
+        let run = *run;
+        Ok(TurnOutput {
+            reply: run.reply,
+            log,
+            kv: Some(KvRecord {
+                model_sha: self.engine().model_sha.clone(),
+                token_ids: run.token_ids,
+                segments: run.segments,
+                digest_version: run.kv_digest_version,
+            }),
+        })
     }
 
     /// The character's HUD line and base prompt, and the session's current digest.
@@ -162,26 +177,21 @@ impl TurnPipeline {
         })
     }
 
-    /// The snapshot to resume from, or why the turn starts cold.
-    async fn trusted_snapshot(
+    /// Steps 2–4 on an engine thread; a failure carries the log so far.
+    async fn generate(
         &self,
-        turn: &ClaimedTurn,
-        scope: &str,
-    ) -> Result<(Option<Box<Snapshot>>, Option<String>), TurnError> {
-        if !self.settings.kv_only_enabled {
-            return Ok((None, Some("KV_ONLY_ENABLED=false".to_string())));
-        }
-        let last_done = crate::queue::last_done(&self.db, &turn.session_id)
-            .await
-            .map_err(|e| TurnError::retryable_from("reading the last committed turn", e))?;
-        Ok(self.load_snapshot(turn, scope, last_done).await)
-    }
-
-    /// Steps 2–4 on an engine thread.
-    async fn generate(&self, job: TurnJob, abort: Arc<AtomicBool>) -> Result<TurnRun, TurnError> {
+        job: TurnJob,
+        start: Start,
+        abort: &Arc<AtomicBool>,
+        log: &KvLog,
+    ) -> Result<KvOutcome, TurnError> {
+        let abort = abort.clone();
         self.engines
-            .run(move |engine, ctx| kv::run_in_context(engine, ctx, job, &abort))
-            .await?
+            .run(move |engine, ctx| kv::run_in_context(engine, ctx, job, start, &abort))
+            .await
+            .map_err(TurnError::from)
+            .and_then(|r| r)
+            .map_err(|e| e.with_log(log.clone()))
     }
 
     /// Fills the turn's log from the run, and records a cold start as an event.
@@ -195,10 +205,11 @@ impl TurnPipeline {
     ) {
         log.loaded = run.warm;
         log.cold = !run.warm;
+        log.rebuild = run.rebuild;
         log.cold_reason = if run.warm {
             None
         } else {
-            cold_reason.or(run.cold_reason.clone())
+            cold_reason.or_else(|| Some("no snapshot".to_string()))
         };
         log.tokens_loaded = run.tokens_loaded;
         log.tokens_in_kv = if self.settings.kv_only_enabled {
@@ -215,6 +226,7 @@ impl TurnPipeline {
         log.prefill_ms = run.stats.prefill_ms;
         log.ttft_ms = run.stats.ttft_ms;
         log.generate_ms = run.stats.generate_ms;
+        log.redecode_ms = run.stats.redecode_ms;
         if let Some(cold) = &log.cold_reason {
             event(
                 &self.db,

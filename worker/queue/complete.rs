@@ -6,22 +6,22 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 
 use super::{insert_log_rows, ClaimedTurn, QueueError, Result};
-use crate::turn::log::KvLog;
+use crate::snapshot::render_segments;
+use crate::turn::TurnOutput;
 
 /// A finished turn waiting to be committed.
 #[derive(Debug, Clone)]
 pub struct Completion {
     pub turn: ClaimedTurn,
-    pub reply: String,
-    pub log: KvLog,
+    pub output: TurnOutput,
 }
 
-/// Writes the reply, the dialogue rows, the log row and frees the lease: all or nothing.
-pub async fn complete(pool: &PgPool, turn: &ClaimedTurn, reply: &str, log: &KvLog) -> Result<()> {
+/// Writes the reply, the dialogue rows, the KV record, the log row and frees the lease:
+/// all or nothing.
+pub async fn complete(pool: &PgPool, turn: &ClaimedTurn, output: TurnOutput) -> Result<()> {
     let batch = [Completion {
         turn: turn.clone(),
-        reply: reply.to_string(),
-        log: log.clone(),
+        output,
     }];
     let mut done = complete_many(pool, &batch).await?;
     done.pop().unwrap_or(Err(QueueError::Fenced(turn.id)))
@@ -60,7 +60,7 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
                     "session_id": c.turn.session_id,
                     "fencing_token": c.turn.fencing_token,
                     "message": c.turn.message,
-                    "reply": c.reply,
+                    "reply": c.output.reply,
                 })
             })
             .collect(),
@@ -85,12 +85,21 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
         let rows = batch
             .iter()
             .filter(|c| done.contains(&c.turn.id.0))
-            .map(|c| c.log.row(&c.turn))
+            .map(|c| c.output.log.row(&c.turn))
             .collect();
         insert_log_rows(&mut tx, rows).await?;
+        let committed: Vec<i64> = done.iter().copied().collect();
+        let records = kv_records(batch);
+        if !records.is_empty() {
+            sqlx::query(include_str!("../../sql/queue/session_kv.sql"))
+                .bind(serde_json::Value::Array(records))
+                .bind(&committed)
+                .execute(&mut *tx)
+                .await?;
+        }
         sqlx::query(include_str!("../../sql/queue/release_many.sql"))
             .bind(&keys)
-            .bind(done.iter().copied().collect::<Vec<i64>>())
+            .bind(&committed)
             .execute(&mut *tx)
             .await?;
     }
@@ -105,4 +114,24 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
             }
         })
         .collect())
+}
+
+/// The batch's KV records, for `session_kv.sql` (which keeps only the committed ones).
+fn kv_records(batch: &[Completion]) -> Vec<serde_json::Value> {
+    batch
+        .iter()
+        .filter_map(|c| {
+            let kv = c.output.kv.as_ref()?;
+            Some(serde_json::json!({
+                "turn_id": c.turn.id.0,
+                "session_id": c.turn.session_id,
+                "user_id": c.turn.user_id,
+                "character_id": c.turn.character_id,
+                "model_sha": kv.model_sha,
+                "token_ids": kv.token_ids,
+                "segments": render_segments(&kv.segments),
+                "digest_version": kv.digest_version,
+            }))
+        })
+        .collect()
 }

@@ -57,20 +57,21 @@ async fn commit_loop(
             }
         }
         let (batch, replies): (Vec<Completion>, Vec<_>) = pending.into_iter().unzip();
+        let size = batch.len();
         let results = match queue::complete_many(&pool, &batch).await {
             Ok(results) => results,
             Err(e) => {
                 // Nothing of the batch was written. One at a time, a single bad completion
                 // (or a lock conflict) cannot hold back the others.
                 warn!(error = %e, turns = batch.len(), "group commit failed; committing one by one");
-                let mut results = Vec::with_capacity(batch.len());
-                for c in &batch {
-                    results.push(queue::complete(&pool, &c.turn, &c.reply, &c.log).await);
+                let mut results = Vec::with_capacity(size);
+                for c in batch {
+                    results.push(queue::complete(&pool, &c.turn, c.output).await);
                 }
                 results
             }
         };
-        metrics.commit_batch(batch.len());
+        metrics.commit_batch(size);
         for (reply, result) in replies.into_iter().zip(results) {
             let _ = reply.send(result);
         }

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Deps;
 use crate::pipeline::TurnPipeline;
 use crate::turn::log::{KvLog, TurnPath};
-use crate::turn::{ClaimedTurn, TurnError};
+use crate::turn::{ClaimedTurn, TurnError, TurnOutput};
 
 /// The reply generator a worker runs.
 #[derive(Clone)]
@@ -30,7 +30,7 @@ impl Generator {
         deps: &Deps,
         turn: &ClaimedTurn,
         abort: Arc<AtomicBool>,
-    ) -> Result<(String, KvLog), TurnError> {
+    ) -> Result<TurnOutput, TurnError> {
         match self {
             Generator::Echo { delay } => echo(deps, turn, *delay, &abort).await,
             Generator::Llama(pipeline) => pipeline.run_turn(turn, abort).await,
@@ -81,7 +81,7 @@ async fn echo(
     turn: &ClaimedTurn,
     delay: Duration,
     abort: &AtomicBool,
-) -> Result<(String, KvLog), TurnError> {
+) -> Result<TurnOutput, TurnError> {
     let mut log = KvLog::start(TurnPath::Echo, &turn.session_id, deps.settings.n_ctx);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -98,5 +98,9 @@ async fn echo(
     }
     log.u_tokens = turn.message.split_whitespace().count() as u32;
     log.r_tokens = log.u_tokens + 1;
-    Ok((format!("echo: {}", turn.message), log))
+    Ok(TurnOutput {
+        reply: format!("echo: {}", turn.message),
+        log,
+        kv: None,
+    })
 }

@@ -11,7 +11,7 @@ use super::lease::LeaseKeeper;
 use super::Deps;
 use crate::queue::{self, Completion, QueueError};
 use crate::turn::log::KvLog;
-use crate::turn::{ClaimedTurn, TurnError, TurnId, TurnState};
+use crate::turn::{ClaimedTurn, TurnError, TurnId, TurnOutput, TurnState};
 
 /// What one call of [`process_next_turn`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +81,7 @@ pub(super) async fn run_claimed(
             slot.completer
         });
         match result {
-            Ok((reply, log)) => finish_ok(deps, &turn, reply, log, completer.as_ref()).await,
+            Ok(output) => finish_ok(deps, &turn, output, completer.as_ref()).await,
             Err(TurnError::Aborted) if shutdown.is_cancelled() => {
                 queue::release(&deps.pool, &turn).await?;
                 info!("released on shutdown");
@@ -97,22 +97,21 @@ pub(super) async fn run_claimed(
 async fn finish_ok(
     deps: &Deps,
     turn: &ClaimedTurn,
-    reply: String,
-    mut log: KvLog,
+    mut output: TurnOutput,
     completer: Option<&Completer>,
 ) -> queue::Result<Outcome> {
-    log.finish();
+    output.log.finish();
+    let log = output.log.clone();
     let committed = match completer {
         Some(completer) => {
             completer
                 .complete(Completion {
                     turn: turn.clone(),
-                    reply,
-                    log: log.clone(),
+                    output,
                 })
                 .await
         }
-        None => queue::complete(&deps.pool, turn, &reply, &log).await,
+        None => queue::complete(&deps.pool, turn, output).await,
     };
     match committed {
         Ok(()) => {

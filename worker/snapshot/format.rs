@@ -241,12 +241,16 @@ pub fn encode(header: &mut Header, token_ids: &[i32], state: &[u8]) -> io::Resul
     Ok(out)
 }
 
-fn render_header(h: &Header) -> String {
-    let segments: Vec<String> = h
-        .segments
+/// The segment table as the header writes it (`B:57,T:120,...`); [`parse_segments`] reads it.
+pub fn render_segments(segments: &[Segment]) -> String {
+    let items: Vec<String> = segments
         .iter()
         .map(|s| format!("{}:{}", s.kind.code(), s.len))
         .collect();
+    items.join(",")
+}
+
+fn render_header(h: &Header) -> String {
     let compression = match h.compression {
         Compression::None => "none",
         Compression::Zstd => "zstd",
@@ -271,7 +275,7 @@ fn render_header(h: &Header) -> String {
         h.scope,
         h.turn_id,
         h.fence,
-        segments.join(",")
+        render_segments(&h.segments)
     );
     let crc = crc32c::crc32c(text.as_bytes());
     text.push_str(&format!("header_crc32c={crc}\n\n"));

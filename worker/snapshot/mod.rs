@@ -6,7 +6,7 @@ pub mod format;
 pub mod store;
 
 pub use format::{
-    decode, encode, parse_header, parse_segments, Compression, Header, Limits, SegKind, Segment,
-    Snapshot, SnapshotError, FORMAT_VERSION, MAGIC,
+    decode, encode, parse_header, parse_segments, render_segments, Compression, Header, Limits,
+    SegKind, Segment, Snapshot, SnapshotError, FORMAT_VERSION, MAGIC,
 };
 pub use store::{scope_key, Loaded, SnapshotStore};

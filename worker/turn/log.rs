@@ -28,6 +28,24 @@ impl TurnPath {
     }
 }
 
+/// How a cold start laid the dialogue back into the KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebuild {
+    /// The recorded token ids and segments of the last committed turn: the warm KV's dialogue.
+    Exact,
+    /// The dialogue text re-tokenized from `messages` (another model, no record, or rollback).
+    Text,
+}
+
+impl Rebuild {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rebuild::Exact => "exact",
+            Rebuild::Text => "text",
+        }
+    }
+}
+
 /// Every field of the seed's log line, plus what the `turn_log` row adds.
 #[derive(Debug, Clone)]
 pub struct KvLog {
@@ -36,6 +54,8 @@ pub struct KvLog {
     pub loaded: bool,
     pub cold: bool,
     pub cold_reason: Option<String>,
+    /// How a cold start rebuilt the dialogue (`None` when warm).
+    pub rebuild: Option<Rebuild>,
     pub tokens_loaded: u32,
     /// Tokens in the KV after the save: the invariant `tokens_in_kv <= KV_TAIL_TOKENS` is on this.
     pub tokens_in_kv: u32,
@@ -58,6 +78,8 @@ pub struct KvLog {
     pub prefill_ms: u64,
     pub ttft_ms: u64,
     pub generate_ms: u64,
+    /// Re-decoding the exchange without the HUD (and the tail after a prune).
+    pub redecode_ms: u64,
     pub save_ms: u64,
     pub started_at: DateTime<Utc>,
 }
@@ -71,6 +93,7 @@ impl KvLog {
             loaded: false,
             cold: true,
             cold_reason: None,
+            rebuild: None,
             tokens_loaded: 0,
             tokens_in_kv: 0,
             kv_bytes: 0,
@@ -88,6 +111,7 @@ impl KvLog {
             prefill_ms: 0,
             ttft_ms: 0,
             generate_ms: 0,
+            redecode_ms: 0,
             save_ms: 0,
             started_at: Utc::now(),
         }
@@ -122,6 +146,7 @@ impl KvLog {
             "loaded": self.loaded,
             "cold": self.cold,
             "cold_reason": self.cold_reason,
+            "rebuild": self.rebuild.map(Rebuild::as_str),
             "tokens_loaded": self.tokens_loaded,
             "tokens_in_kv": self.tokens_in_kv,
             "kv_bytes": self.kv_bytes,
@@ -139,6 +164,7 @@ impl KvLog {
             "prefill_ms": self.prefill_ms.min(i32::MAX as u64),
             "ttft_ms": self.ttft_ms.min(i32::MAX as u64),
             "generate_ms": self.generate_ms.min(i32::MAX as u64),
+            "redecode_ms": self.redecode_ms.min(i32::MAX as u64),
             "save_ms": self.save_ms.min(i32::MAX as u64),
             "started_at": self.started_at,
         })

@@ -9,6 +9,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::engine::EngineError;
+use crate::snapshot::Segment;
 use log::KvLog;
 
 /// The source of a turn failure, kept so the cause chain survives classification.
@@ -50,6 +51,28 @@ pub struct ClaimedTurn {
     pub max_attempts: i32,
     pub fencing_token: i64,
     pub owner: String,
+}
+
+/// What a turn attempt produced, for the fenced completion to commit.
+#[derive(Debug, Clone)]
+pub struct TurnOutput {
+    pub reply: String,
+    pub log: KvLog,
+    /// The KV's dialogue after the turn; `None` from the echo generator.
+    pub kv: Option<KvRecord>,
+}
+
+/// The exact token sequence and segment table the session's KV holds after a turn (pruned,
+/// HUD removed, reply closed). Committed with the turn, it makes the snapshot a cache: a
+/// cold start decodes these tokens and lands on the same dialogue the warm KV holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvRecord {
+    /// The model whose tokenizer produced the ids; another model cannot reuse them.
+    pub model_sha: String,
+    pub token_ids: Vec<i32>,
+    pub segments: Vec<Segment>,
+    /// The digest version the KV has seen ("" if none).
+    pub digest_version: String,
 }
 
 /// A failed turn attempt, classified once: the queue retries only what may succeed later.
