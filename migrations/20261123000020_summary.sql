@@ -102,7 +102,7 @@ CREATE TABLE summary_spine (
 -- The summary lane: jobs ordered per user, due at `run_at`, below live turns.
 CREATE TABLE summary_jobs (
     id           bigserial PRIMARY KEY,
-    kind         text        NOT NULL CHECK (kind IN ('close', 'rolling', 'session', 'spine', 'compact')),
+    kind         text        NOT NULL CHECK (kind IN ('close', 'rolling', 'session', 'spine', 'compact', 'context')),
     user_id      text        NOT NULL,
     character_id bigint,
     session_id   bigint      REFERENCES summary_sessions(id),
@@ -131,6 +131,8 @@ CREATE UNIQUE INDEX summary_jobs_spine_once ON summary_jobs (user_id)
     WHERE kind = 'spine' AND state = 'queued';
 CREATE UNIQUE INDEX summary_jobs_compact_once ON summary_jobs ((payload->>'chat_session'))
     WHERE kind = 'compact' AND state = 'queued';
+CREATE UNIQUE INDEX summary_jobs_context_once ON summary_jobs (user_id, (payload->>'scope'))
+    WHERE kind = 'context' AND state = 'queued';
 
 -- Seed 004's batch daily summaries, persisted so a restarted or another worker reuses them.
 -- `bucket` is 'HH' for the current day (one row per hour bucket) and 'day' for a past day.
@@ -211,6 +213,12 @@ BEGIN
     INSERT INTO summary_jobs (kind, user_id, character_id, session_id, run_at)
     VALUES ('session', s.user_id, s.character_id, s.id, s.ended_at)
     ON CONFLICT (session_id) WHERE kind = 'session' AND state = 'queued' DO NOTHING;
+    -- Seed 004's user context (today + days 2-7 + facts) now includes this session's day;
+    -- made ahead, so the next session finds it stored. Turns are direct chats: scope ''.
+    INSERT INTO summary_jobs (kind, user_id, character_id, session_id, payload, run_at)
+    VALUES ('context', s.user_id, s.character_id, s.id, jsonb_build_object('scope', ''), s.ended_at)
+    ON CONFLICT (user_id, (payload->>'scope')) WHERE kind = 'context' AND state = 'queued'
+    DO NOTHING;
     INSERT INTO events (kind, detail)
     VALUES ('summary_session_closed', jsonb_build_object(
         'user_id', s.user_id, 'character_id', s.character_id, 'summary_session', s.id,

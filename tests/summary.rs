@@ -148,7 +148,7 @@ async fn a_session_closes_after_30_idle_minutes_on_the_clock(pool: PgPool) {
     // 30:00 idle: the close runs, then the session summary it queued.
     let ran = jobs::drain_at(&svc, at(10, 40)).await.unwrap();
     let kinds: Vec<&str> = ran.iter().map(|o| kind(o).0).collect();
-    assert_eq!(kinds, vec!["close", "session"]);
+    assert_eq!(kinds, vec!["close", "session", "context"]);
     assert_eq!(sessions(&pool).await[0].1, Some(at(10, 40)));
     let summaries: i64 =
         sqlx::query_scalar("SELECT count(*) FROM session_summaries WHERE session_id = $1")
@@ -349,7 +349,7 @@ async fn invalid_session_json_is_retried_then_stored_as_an_error(pool: PgPool) {
     let ran = jobs::drain_at(&svc, at(8, 30)).await.unwrap();
     assert_eq!(
         ran.iter().map(kind).collect::<Vec<_>>(),
-        vec![("close", true), ("session", false)]
+        vec![("close", true), ("session", false), ("context", true)]
     );
     let r =
         sqlx::query("SELECT status, summary, error, attempts, raw_answers FROM session_summaries")
@@ -417,9 +417,27 @@ async fn smollm2_writes_a_valid_session_summary_and_a_rolling_summary(pool: PgPo
     let kinds: Vec<(&str, bool)> = ran.iter().map(kind).collect();
     assert_eq!(
         kinds,
-        vec![("close", true), ("rolling", true), ("session", true)],
+        vec![
+            ("close", true),
+            ("rolling", true),
+            ("session", true),
+            ("context", true)
+        ],
         "{ran:?}"
     );
+    // The close also made seed 004's user context for the next session: today's summary
+    // by the model, stored where a restarted or another worker finds it.
+    let Outcome::Done { result, .. } = &ran[3] else {
+        unreachable!()
+    };
+    assert_eq!(result["sources"]["current_day"], "computed", "{result}");
+    assert_eq!(result["degraded"], serde_json::json!([]), "{result}");
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM user_contexts WHERE user_id = 'sam'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, 1, "the merged context is stored");
     let rolling: String = sqlx::query_scalar("SELECT content FROM rolling_summaries")
         .fetch_one(&pool)
         .await

@@ -75,6 +75,7 @@ pub async fn process_next_summary_job_at(
         "session" => session_summary(svc, &job).await,
         "spine" => spine_version(svc, &job).await,
         "compact" => compact(svc, &job, now).await,
+        "context" => user_context(svc, &job, now).await,
         other => Err(SummaryError::Invalid(format!("unknown job kind {other}"))),
     };
     finish(svc, job, res).await
@@ -486,6 +487,24 @@ async fn compact(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<
         .ok_or_else(|| SummaryError::Invalid("compact without chat_session".into()))?;
     let report = super::compaction::compact_session(svc, session, now.timestamp()).await?;
     Ok(Some(serde_json::to_value(report)?))
+}
+
+/// Seed 004's merged user context, made on the lane when a session closes so that the
+/// stored levels (`daily_summaries`, `historical_summaries`, `user_contexts`) are ready
+/// before the user's next session. A model failure degrades (recorded), it does not fail.
+async fn user_context(
+    svc: &SummaryService,
+    job: &Job,
+    now: DateTime<Utc>,
+) -> Result<Option<Value>> {
+    let scope = job.payload["scope"].as_str().unwrap_or_default();
+    let c = super::daily::user_context(svc, scope, &job.user_id, now).await?;
+    Ok(Some(json!({
+        "scope": scope,
+        "context_chars": c.context.chars().count(),
+        "sources": c.sources,
+        "degraded": c.degraded,
+    })))
 }
 
 /// One step of the worker's idle lane: runs a due summary job if there is a service;
