@@ -22,9 +22,15 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(n: u32) -> Cluster {
+    /// Where cluster `n` of this test process lives and listens.
+    fn place(n: u32) -> (String, String) {
         let dir = format!("/tmp/kvmem-pg-restart-{}-{n}", std::process::id());
-        let port = (55000 + (std::process::id() % 500) * 2 + n).to_string();
+        let port = (55000 + (std::process::id() % 500) * 3 + n).to_string();
+        (dir, port)
+    }
+
+    fn start(n: u32) -> Cluster {
+        let (dir, port) = Cluster::place(n);
         let out = Command::new(PG)
             .arg("start")
             .env_remove("DATABASE_URL")
@@ -81,10 +87,15 @@ fn worker_log(n: usize) -> std::path::PathBuf {
 }
 
 fn worker(url: &str) -> Child {
+    worker_logged(url).0
+}
+
+/// An echo worker on `url`, and the file its log goes to.
+fn worker_logged(url: &str) -> (Child, std::path::PathBuf) {
     static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let log = std::fs::File::create(worker_log(n)).unwrap();
-    kvmem_command(url)
+    let child = kvmem_command(url)
         .args([
             "worker",
             "--generator",
@@ -99,7 +110,8 @@ fn worker(url: &str) -> Child {
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .unwrap()
+        .unwrap();
+    (child, worker_log(n))
 }
 
 /// Retries through the outage: the backend's view of a restart.
@@ -283,4 +295,82 @@ async fn outage_under_load(n: u32, how: &str) {
             );
         }
     }
+}
+
+/// A worker started while its database is still down waits for it instead of exiting
+/// (workers and Postgres are often started together), then works as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_before_its_database_waits_for_it() {
+    let (dir, port) = Cluster::place(2);
+    let out = Command::new(PG)
+        .arg("url")
+        .env("KVMEM_PG_DIR", &dir)
+        .env("KVMEM_PG_PORT", &port)
+        .output()
+        .unwrap();
+    assert_success(&out);
+    let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (child, log) = worker_logged(&url);
+    let mut early = Workers(vec![child]);
+    // The worker must have met the missing database before the database exists.
+    let waits = |text: &str| text.matches("database unavailable at start").count();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while waits(&std::fs::read_to_string(&log).unwrap_or_default()) == 0 {
+        assert!(
+            early.0[0].try_wait().unwrap().is_none(),
+            "the worker exited without a database: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the worker never tried to connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cluster = Cluster::start(2);
+    assert_eq!(cluster.url, url);
+    let pool = until_ok(|| async {
+        kvmem::db::connect(&cluster.url, 2)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    // The worker migrates the database; the test only writes once the schema is there.
+    let ch: i64 = until_ok(|| async {
+        sqlx::query_scalar(
+            "INSERT INTO user_characters (user_id, name) VALUES ('u', 'Ada') RETURNING id",
+        )
+        .fetch_one(&pool)
+        .await
+        .map_err(|e| e.to_string())
+    })
+    .await;
+    let id = until_ok(|| async {
+        kvmem::queue::enqueue(&pool, "s", "u", ch, "hello", None)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state: String = sqlx::query_scalar("SELECT state::text FROM turns WHERE id = $1")
+            .bind(id.0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if state == "done" {
+            break;
+        }
+        assert!(
+            early.0[0].try_wait().unwrap().is_none(),
+            "the worker exited: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        assert!(Instant::now() < deadline, "the turn was not done: {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(waits(&text) >= 1, "{text}");
+    assert!(early.0[0].try_wait().unwrap().is_none(), "{text}");
+    drop(early);
 }

@@ -49,6 +49,33 @@ pub enum DbError {
     },
 }
 
+impl DbError {
+    /// True when the server could not be reached or was not taking connections (down,
+    /// starting up, shutting down, restarting): waiting may cure it. A bad URL, a wrong
+    /// password or a migration that does not apply will not cure itself.
+    pub fn is_unavailable(&self) -> bool {
+        use sqlx::migrate::MigrateError;
+        match self {
+            DbError::Connect(e) | DbError::Install { source: e, .. } => unavailable(e),
+            DbError::Migrate(MigrateError::Execute(e))
+            | DbError::Migrate(MigrateError::ExecuteMigration(e, _)) => unavailable(e),
+            DbError::Migrate(_) => false,
+        }
+    }
+}
+
+fn unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // Class 08 is connection exceptions; 57P01-57P03 are admin shutdown, crash
+        // shutdown and "cannot connect now" (the server is starting).
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
+}
+
 /// Opens a pool. Statement logging is turned down: the queue's own spans say more.
 pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
     let options: PgConnectOptions = url

@@ -143,7 +143,7 @@ async fn main() -> Result<()> {
     let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
     match cli.command {
-        Command::Demo { scene } => kvmem::cmd::demo::run(settings, scene).await,
+        Command::Demo { scene } => Ok(kvmem::cmd::demo::run(settings, scene).await?),
         Command::Memory(args) => Ok(kvmem::memory::cli::run(args, settings).await?),
         Command::Summary(args) => Ok(kvmem::summary::cli::run(args, settings).await?),
         Command::Migrate => migrate(&settings).await,
@@ -370,9 +370,13 @@ async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64)
     // Signals first: a SIGTERM while connecting or loading the model is a clean exit too.
     let shutdown = shutdown_on_signal();
     let settings = Arc::new(settings);
-    let pool = system::database(&settings, settings.concurrency + 4)
+    let Some(pool) = system::database_when_ready(&settings, settings.concurrency + 4, &shutdown)
         .await
-        .context("connecting and migrating before start")?;
+        .context("connecting and migrating before start")?
+    else {
+        tracing::info!("stopped before the database was reachable");
+        return Ok(());
+    };
     let deps = build_deps(settings, pool, kind, echo_delay_ms).await?;
     runner::run(deps, shutdown).await?;
     Ok(())

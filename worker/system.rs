@@ -48,6 +48,35 @@ pub async fn database(settings: &Settings, connections: u32) -> Result<PgPool, S
     Ok(pool)
 }
 
+/// [`database`] for a long-running worker: while the server is unavailable (down,
+/// starting, restarting) it waits and tries again, from 250 ms doubling to 5 s, until the
+/// server answers or `shutdown` fires (`Ok(None)`). Workers are started beside their
+/// database, and one that came up a moment early must not exit. Other errors return at once.
+pub async fn database_when_ready(
+    settings: &Settings,
+    connections: u32,
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> Result<Option<PgPool>, SystemError> {
+    let mut wait = Duration::from_millis(250);
+    let mut attempt = 0u64;
+    loop {
+        attempt += 1;
+        match database(settings, connections).await {
+            Ok(pool) => return Ok(Some(pool)),
+            Err(SystemError::Db(e)) if e.is_unavailable() => {
+                tracing::warn!(attempt, retry_in_ms = wait.as_millis() as u64, error = %e,
+                    "database unavailable at start; waiting for it");
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
 /// Loads the configured model off the async runtime, checking the pinned SHA if set.
 pub async fn load_model(settings: &Settings) -> Result<Arc<Engine>, SystemError> {
     let path: PathBuf = settings.model_path.clone().ok_or(SystemError::NoModel)?;
