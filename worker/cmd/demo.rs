@@ -8,15 +8,71 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
 use sqlx::{PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
-use crate::queue::{self, TurnId};
+use crate::config::{ConfigError, Settings};
+use crate::queue::{self, QueueError, TurnId};
 use crate::runner;
 use crate::system::Model;
 use crate::turn::short_sha;
+
+/// Why the demo stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("running {script}: {source}")]
+    Script {
+        script: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{script} failed: {stderr}")]
+    ScriptFailed {
+        script: &'static str,
+        stderr: String,
+    },
+    #[error("ops/pg start printed no URL")]
+    NoUrl,
+    #[error(transparent)]
+    Settings(#[from] ConfigError),
+    #[error(transparent)]
+    System(#[from] crate::system::SystemError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Summary(#[from] crate::summary::SummaryError),
+    #[error("printing the report: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("kv directory: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("turn {id} {state}: {error:?}")]
+    Turn {
+        id: TurnId,
+        state: String,
+        error: Option<String>,
+    },
+    #[error("{0}")]
+    Timeout(&'static str),
+}
+
+pub type Result<T, E = DemoError> = std::result::Result<T, E>;
+
+/// Runs one of the ops/ scripts the demo leans on and returns its stdout.
+fn script(name: &'static str, cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().map_err(|source| DemoError::Script {
+        script: name,
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(DemoError::ScriptFailed {
+            script: name,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
 
 /// The scene: ten user turns; a conflict starts before turn 4.
 const SCENE: [&str; 10] = [
@@ -49,25 +105,19 @@ struct DemoPg {
 impl DemoPg {
     fn start() -> Result<(DemoPg, String)> {
         let dir = format!("/tmp/kvmem-demo-pg-{}", std::process::id());
-        let out = Command::new(ops_dir().join("pg"))
-            .arg("start")
-            .env_remove("DATABASE_URL")
-            .env("KVMEM_PG_DIR", &dir)
-            .env("KVMEM_PG_PORT", "54339")
-            .output()
-            .context("running ops/pg start")?;
-        if !out.status.success() {
-            bail!(
-                "ops/pg start failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = script(
+            "ops/pg start",
+            Command::new(ops_dir().join("pg"))
+                .arg("start")
+                .env_remove("DATABASE_URL")
+                .env("KVMEM_PG_DIR", &dir)
+                .env("KVMEM_PG_PORT", "54339"),
+        )?;
         let url = text
             .trim()
             .strip_prefix("export DATABASE_URL='")
             .and_then(|s| s.strip_suffix('\''))
-            .context("ops/pg start printed no URL")?
+            .ok_or(DemoError::NoUrl)?
             .to_string();
         Ok((DemoPg { dir }, url))
     }
@@ -88,16 +138,10 @@ fn model_path(settings: &Settings) -> Result<PathBuf> {
         return Ok(p.clone());
     }
     eprintln!("demo: fetching SmolLM2-135M-Instruct (ops/fetch-model)");
-    let out = Command::new(ops_dir().join("fetch-model"))
-        .output()
-        .context("running ops/fetch-model")?;
-    if !out.status.success() {
-        bail!(
-            "ops/fetch-model failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = script(
+        "ops/fetch-model",
+        &mut Command::new(ops_dir().join("fetch-model")),
+    )?;
     Ok(PathBuf::from(text.lines().last().unwrap_or("").trim()))
 }
 
@@ -223,12 +267,17 @@ pub(super) async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
                     .try_get::<Option<String>, _>("reply")?
                     .unwrap_or_default())
             }
-            "failed" | "dead" => bail!(
-                "turn {id} {state}: {:?}",
-                row.try_get::<Option<String>, _>("error")?
-            ),
+            "failed" | "dead" => {
+                return Err(DemoError::Turn {
+                    id,
+                    error: row.try_get("error")?,
+                    state,
+                })
+            }
             _ if std::time::Instant::now() > deadline => {
-                bail!("turn {id} did not finish in 10 minutes")
+                return Err(DemoError::Timeout(
+                    "a demo turn did not finish in 10 minutes",
+                ))
             }
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }

@@ -6,11 +6,10 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
 
-use super::demo::wait_done;
+use super::demo::{wait_done, DemoError, Result};
 use crate::queue;
 
 /// The first session: four user turns, so seed 001's rolling summary is due.
@@ -113,7 +112,9 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
             }
         }
         if Instant::now() > deadline {
-            bail!("the first session was not closed and summarised within 30 minutes");
+            return Err(DemoError::Timeout(
+                "the first session was not closed and summarised within 30 minutes",
+            ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
