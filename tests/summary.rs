@@ -455,6 +455,16 @@ async fn smollm2_writes_a_valid_session_summary_and_a_rolling_summary(pool: PgPo
     let s = schema::validate(&summary.to_string(), false).expect("stored summary validates");
     eprintln!("rolling: {rolling}\nsession: {summary}");
     assert!(!s.one_liner.trim().is_empty());
+    let said: String = sqlx::query_scalar("SELECT string_agg(content, ' ') FROM messages")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    for person in &s.people {
+        assert!(
+            said.contains(person.as_str()),
+            "people names {person:?}, which the conversation never writes"
+        );
+    }
     let text = summary.to_string().to_lowercase();
     for copied in [
         "what mattered to the user",

@@ -152,12 +152,26 @@ pub fn generate(
     grammar: Option<&str>,
     max_tokens: u32,
 ) -> Result<(String, bool), ExtractError> {
-    generate_yielding(engine, ctx, system, user, grammar, max_tokens, &mut || {})
+    let whole_batch = engine.params.n_batch as usize;
+    generate_yielding(
+        engine,
+        ctx,
+        system,
+        user,
+        grammar,
+        max_tokens,
+        whole_batch,
+        &mut || {},
+    )
 }
 
 /// [`generate`], calling `before_decode` before every decode step: a background lane
 /// blocks there while a live turn needs the cores, so a job already running gives way
-/// within one step instead of slowing the turn down to its end.
+/// within one step instead of slowing the turn down to its end. The prompt is decoded
+/// `prefill_chunk` tokens per step: a step cannot be interrupted, so a smaller chunk is a
+/// shorter wait for the turn (at some cost in prefill speed; a different chunk size also
+/// changes llama.cpp's arithmetic slightly, and so a greedy answer).
+#[allow(clippy::too_many_arguments)]
 pub fn generate_yielding(
     engine: &Engine,
     ctx: &mut LlamaContext<'_>,
@@ -165,6 +179,7 @@ pub fn generate_yielding(
     user: &str,
     grammar: Option<&str>,
     max_tokens: u32,
+    prefill_chunk: usize,
     before_decode: &mut dyn FnMut(),
 ) -> Result<(String, bool), ExtractError> {
     let mut prompt = engine.base_tokens(system);
@@ -189,7 +204,7 @@ pub fn generate_yielding(
 
     ctx.clear_kv_cache();
     let decode_err = |e: &dyn std::fmt::Display| ExtractError::Decode(e.to_string());
-    let n_batch = (engine.params.n_batch as usize).max(1);
+    let n_batch = prefill_chunk.clamp(1, (engine.params.n_batch as usize).max(1));
     let mut batch = LlamaBatch::new(n_batch, 1);
     for (c, chunk) in prompt.chunks(n_batch).enumerate() {
         batch.clear();

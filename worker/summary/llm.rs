@@ -44,6 +44,11 @@ pub type Busy = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// How often a paused summary looks again.
 const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Prompt tokens per decode step. A turn that arrives mid-step waits for the step to end:
+/// at the engine's whole batch (512) that was +1.2 s at the median on two cores; the
+/// README's "Summary benchmarks" has the figures at this size (`ops/bench-summary latency`).
+const BACKGROUND_PREFILL_CHUNK: usize = 32;
 type Job = (Prompt, oneshot::Sender<Reply>);
 
 /// The model thread and a handle on its engine (for token counts, which need no context).
@@ -159,6 +164,7 @@ fn run(
         &user,
         p.grammar.as_deref(),
         p.max_tokens,
+        BACKGROUND_PREFILL_CHUNK,
         &mut give_way,
     )
     .map_err(|e| e.to_string())?;

@@ -78,8 +78,6 @@ pub enum Invalid {
     Echo { field: &'static str, item: String },
     #[error("people holds {0:?}, which is not a name")]
     NotAName(String),
-    #[error("people names {0:?}, who is not in the conversation")]
-    Stranger(String),
 }
 
 /// Parses and validates a model answer.
@@ -106,7 +104,11 @@ pub fn validate(raw: &str, truncated: bool) -> Result<SessionSummary, Invalid> {
     Ok(s)
 }
 
-/// [`validate`], then refuses an answer that restates the instructions instead of the
+/// [`validate`], then drops from `people` any entry that is not a name written in the
+/// conversation (a small model writes a section word such as "People", or a capitalised
+/// fragment of a line, there; one stray entry is no reason
+/// to refuse a summary whose other fields are sound, and the raw answer is kept beside the
+/// stored summary), then refuses an answer that restates the instructions instead of the
 /// conversation (a small model copies its prompt's wording into the fields): a field whose
 /// words come from `instructions` and not from `conversation` is an echo. The tone is
 /// exempt: its words rarely appear in a conversation.
@@ -116,14 +118,8 @@ pub fn validate_against(
     conversation: &str,
     instructions: &str,
 ) -> Result<SessionSummary, Invalid> {
-    let s = validate(raw, truncated)?;
-    if let Some(p) = s
-        .people
-        .iter()
-        .find(|p| !is_text_grounded_in_source(p, conversation))
-    {
-        return Err(Invalid::Stranger(p.clone()));
-    }
+    let mut s = validate(raw, truncated)?;
+    s.people.retain(|p| named_in(p, conversation));
     let echo = |item: &str| {
         is_text_grounded_in_source(item, instructions)
             && !is_text_grounded_in_source(item, conversation)
@@ -144,6 +140,22 @@ pub fn validate_against(
         }
     }
     Ok(s)
+}
+
+/// True when `name` is a name as the conversation writes it: every word capitalised, and
+/// the whole found verbatim there between word boundaries.
+fn named_in(name: &str, conversation: &str) -> bool {
+    let name = name.trim();
+    let capitalised = name
+        .split_whitespace()
+        .all(|w| w.chars().next().is_some_and(char::is_uppercase));
+    let boundary = |c: Option<char>| !c.is_some_and(char::is_alphanumeric);
+    !name.is_empty()
+        && capitalised
+        && conversation.match_indices(name).any(|(at, _)| {
+            boundary(conversation[..at].chars().next_back())
+                && boundary(conversation[at + name.len()..].chars().next())
+        })
 }
 
 fn text(field: &'static str, v: &str, max: usize) -> Result<(), Invalid> {
@@ -200,11 +212,17 @@ visit three flats on Saturday.";
         let grounded = r#"{"one_liner": "Sam moved to Porto with Ana.", "what_mattered": ["moving to Porto"], "open_loops": ["find a flat"], "commitments": ["visit three flats on Saturday"], "people": ["Ana"], "tone": "hopeful"}"#;
         let s = validate_against(grounded, false, TALK, INSTRUCTIONS).unwrap();
         assert_eq!(s.commitments, vec!["visit three flats on Saturday"]);
-        let stranger = grounded.replace("[\"Ana\"]", "[\"Rui\"]");
-        assert_eq!(
-            validate_against(&stranger, false, TALK, INSTRUCTIONS),
-            Err(Invalid::Stranger("Rui".into()))
-        );
+        // A name the conversation lacks is dropped, not a reason to refuse the rest.
+        for strangers in [
+            r#"["People", "Ana", "Rui"]"#,
+            r#"["my sister", "An", "Ana"]"#,
+            r#"["Ana", "Moved To", "Porto With"]"#,
+        ] {
+            let answer = grounded.replace(r#"["Ana"]"#, strangers);
+            let s = validate_against(&answer, false, TALK, INSTRUCTIONS).unwrap();
+            assert_eq!(s.people, vec!["Ana"], "{strangers}");
+            assert_eq!(s.commitments, vec!["visit three flats on Saturday"]);
+        }
     }
 
     const GOOD: &str = r#"{"one_liner": "Sam planned a move to Porto.", "what_mattered": ["moving to Porto"], "open_loops": ["find a flat"], "commitments": [], "people": ["Ana"], "tone": "hopeful"}"#;
