@@ -334,11 +334,21 @@ async fn latency(env: &Env) -> Result<Value> {
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
     let n = env.runs.max(3) * 4;
-    phase(&pool, ch, "warm-up", 3).await?;
-    let quiet = phase(&pool, ch, "no backlog", n).await?;
+    // Each phase is a new session fed the same messages, so turn i of both phases has
+    // the same prompt, the same KV length and the same prunes: the only difference is
+    // the backlog. (One session running on would give the second phase longer contexts.)
+    phase(&pool, ch, "warm-up", "live-warm-up", 3).await?;
+    let quiet = phase(&pool, ch, "no backlog", "live-quiet", n).await?;
     set_triggers(&pool, 4, 20).await?;
     let queued = backlog(&pool, 40).await?;
-    let busy = phase(&pool, ch, "backlog", n).await?;
+    let busy = phase(&pool, ch, "backlog", "live-busy", n).await?;
+    let mut delta: Vec<f64> = quiet
+        .turn_ms
+        .iter()
+        .zip(&busy.turn_ms)
+        .map(|(q, b)| b - q)
+        .collect();
+    let (d50, dmax) = (pct(&mut delta, 0.5), pct(&mut delta, 1.0));
     let left: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM summary_jobs WHERE state = 'queued' AND run_at <= now()",
     )
@@ -353,8 +363,13 @@ async fn latency(env: &Env) -> Result<Value> {
     println!("| phase | turns | turn ms p50 | turn ms p95 | enqueue→done ms p50 | enqueue→done ms p95 | turns overlapping a summary job |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let rows: Vec<Value> = [quiet, busy].into_iter().map(print_phase).collect();
-    println!();
-    Ok(json!({"backlog_jobs": queued, "backlog_left": left, "phases": rows}))
+    println!(
+        "\nper turn, backlog minus no backlog (same message, same KV length): median {d50:.0} ms, max {dmax:.0} ms\n"
+    );
+    Ok(
+        json!({"backlog_jobs": queued, "backlog_left": left, "phases": rows,
+        "paired_delta_ms_p50": d50, "paired_delta_ms_max": dmax}),
+    )
 }
 
 async fn set_triggers(pool: &PgPool, rolling: i32, spine: i32) -> Result<()> {
@@ -406,7 +421,13 @@ struct Phase {
 /// `n` live turns, one at a time with a pause between them; per turn the worker's own
 /// latency (turn_log), the wall time from enqueue to done, and whether a summary job ran
 /// during it.
-async fn phase(pool: &PgPool, ch: i64, name: &'static str, n: usize) -> Result<Phase> {
+async fn phase(
+    pool: &PgPool,
+    ch: i64,
+    name: &'static str,
+    session: &str,
+    n: usize,
+) -> Result<Phase> {
     let mut p = Phase {
         name,
         turn_ms: Vec::new(),
@@ -416,7 +437,7 @@ async fn phase(pool: &PgPool, ch: i64, name: &'static str, n: usize) -> Result<P
     for i in 0..n {
         let enqueued = Utc::now();
         let started = Instant::now();
-        let id = kvmem::queue::enqueue(pool, "live-session", "live", ch, &line(i).0, None).await?;
+        let id = kvmem::queue::enqueue(pool, session, "live", ch, &line(i).0, None).await?;
         wait_done(pool, id.0).await?;
         p.e2e_ms.push(ms(started.elapsed()));
         let latency: i32 = sqlx::query_scalar(
