@@ -1,11 +1,12 @@
 //! `kvmem memory …`: import, search and inspect long-term memory from a shell, straight
 //! against Postgres (schema created if missing), with no worker running.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use serde_json::json;
+use sqlx::PgPool;
 
 use super::import::{self, ExtractMode};
 use super::search::{self, SearchRequest};
@@ -225,38 +226,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             extract,
             strict,
             json,
-        } => {
-            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let report =
-                import::import_file(&svc, &file, extract, strict, progress || !json).await?;
-            for r in &report.rejections {
-                eprintln!("rejected {r}");
-            }
-            if json {
-                print_json(&report)?;
-            } else {
-                println!(
-                    "imported {} | skipped-duplicate {} | rejected {} | embedded {} | backfilled {} | queued for extraction {} | {:.1} msgs/s{}",
-                    report.imported,
-                    report.skipped_duplicate,
-                    report.rejected,
-                    report.embedded,
-                    report.backfilled,
-                    report.queued_for_extraction,
-                    report.messages_per_second,
-                    if report.semantic { "" } else { " | LEXICAL ONLY (no embedder)" }
-                );
-            }
-            if extract == ExtractMode::Llm && svc.extractor.is_none() {
-                eprintln!(
-                    "note: {} message(s) queued on the memory lane; a worker with an extraction model runs them",
-                    report.queued_for_extraction
-                );
-            }
-            if report.lines > 0 && report.rejected == report.lines {
-                return Err(MemoryError::Invalid("every line was rejected".into()).into());
-            }
-        }
+        } => import_file(&svc, &file, extract, strict, json).await?,
         MemoryCommand::Search {
             scope,
             query,
@@ -279,44 +249,10 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
                 strict,
             };
             let res = search::search(&svc, &req).await?;
-            if json {
-                print_json(&res)?;
-            } else {
-                for (i, h) in res.hits.iter().enumerate() {
-                    println!(
-                        "{:>2}. [{:?} {}] {:.4} {}{}",
-                        i + 1,
-                        h.kind,
-                        h.id,
-                        h.score,
-                        h.speaker
-                            .as_deref()
-                            .map(|s| format!("{s}: "))
-                            .unwrap_or_default(),
-                        h.text
-                    );
-                }
-            }
+            print_hits(&res, json)?;
         }
         MemoryCommand::Show { scope, as_of, json } => {
-            let s = scope.scope();
-            let facts = store::facts(&pool, &s, parse_time(&as_of)?, 1000).await?;
-            let found = cards::foundation(&pool, &s).await?;
-            let cs = cards::cards_for_refs(&pool, &s, None).await?;
-            if json {
-                print_json(&json!({"facts": facts, "foundation": found, "cards": cs}))?;
-            } else {
-                for f in &facts {
-                    let pin = if f.pinned { " [pinned]" } else { "" };
-                    println!(
-                        "{} {} {}{pin} (imp {}, {})",
-                        f.id, f.kind, f.text, f.importance, f.source
-                    );
-                }
-                for c in &cs {
-                    println!("{}", c.text);
-                }
-            }
+            show(&pool, &scope.scope(), parse_time(&as_of)?, json).await?
         }
         MemoryCommand::Remember {
             scope,
@@ -371,38 +307,8 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             user,
             threshold,
             merge,
-        } => {
-            let props = store::propose_merges(&pool, &user, threshold).await?;
-            for p in &props {
-                println!(
-                    "{} <- {} (similarity {:.2})",
-                    p.canonical, p.alias, p.similarity
-                );
-                if merge {
-                    store::merge_entities(&pool, &user, &p.alias, &p.canonical, Some(p.similarity))
-                        .await?;
-                }
-            }
-            if props.is_empty() {
-                println!("no near-identical entities");
-            }
-        }
-        MemoryCommand::Curate { scope } => {
-            let s = scope.scope();
-            s.validate()?;
-            let archived = store::archive_keep(
-                &pool,
-                &s.user_id,
-                svc.config.keep_user,
-                svc.config.keep_lore,
-            )
-            .await?;
-            let folded = jobs::curate(&svc, &s).await?;
-            println!(
-                "archived {archived} over the keep limits; folded {} near-duplicate(s)",
-                folded.len()
-            );
-        }
+        } => entities(&pool, &user, threshold, merge).await?,
+        MemoryCommand::Curate { scope } => curate(&svc, &scope.scope()).await?,
         MemoryCommand::Eval {
             questions,
             rankers,
@@ -419,6 +325,126 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             println!("ran {} memory job(s)", done.len());
         }
     }
+    Ok(())
+}
+
+/// `kvmem memory import`: the report, the rejected lines on stderr, and an error when every
+/// line was rejected.
+async fn import_file(
+    svc: &MemoryService,
+    file: &Path,
+    extract: ExtractMode,
+    strict: bool,
+    json: bool,
+) -> Result<()> {
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let report = import::import_file(svc, file, extract, strict, progress || !json).await?;
+    for r in &report.rejections {
+        eprintln!("rejected {r}");
+    }
+    if json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "imported {} | skipped-duplicate {} | rejected {} | embedded {} | backfilled {} | queued for extraction {} | {:.1} msgs/s{}",
+            report.imported,
+            report.skipped_duplicate,
+            report.rejected,
+            report.embedded,
+            report.backfilled,
+            report.queued_for_extraction,
+            report.messages_per_second,
+            if report.semantic { "" } else { " | LEXICAL ONLY (no embedder)" }
+        );
+    }
+    if extract == ExtractMode::Llm && svc.extractor.is_none() {
+        eprintln!(
+            "note: {} message(s) queued on the memory lane; a worker with an extraction model runs them",
+            report.queued_for_extraction
+        );
+    }
+    if report.lines > 0 && report.rejected == report.lines {
+        return Err(MemoryError::Invalid("every line was rejected".into()).into());
+    }
+    Ok(())
+}
+
+/// `kvmem memory search`'s output: the JSON the benchmark harness reads, or a numbered list.
+fn print_hits(res: &search::SearchResponse, json: bool) -> Result<()> {
+    if json {
+        return print_json(res);
+    }
+    for (i, h) in res.hits.iter().enumerate() {
+        println!(
+            "{:>2}. [{:?} {}] {:.4} {}{}",
+            i + 1,
+            h.kind,
+            h.id,
+            h.score,
+            h.speaker
+                .as_deref()
+                .map(|s| format!("{s}: "))
+                .unwrap_or_default(),
+            h.text
+        );
+    }
+    Ok(())
+}
+
+/// `kvmem memory show`: a scope's facts, its foundation and its entity cards.
+async fn show(pool: &PgPool, s: &Scope, as_of: Option<DateTime<Utc>>, json: bool) -> Result<()> {
+    let facts = store::facts(pool, s, as_of, 1000).await?;
+    let found = cards::foundation(pool, s).await?;
+    let cs = cards::cards_for_refs(pool, s, None).await?;
+    if json {
+        return print_json(&json!({"facts": facts, "foundation": found, "cards": cs}));
+    }
+    for f in &facts {
+        let pin = if f.pinned { " [pinned]" } else { "" };
+        println!(
+            "{} {} {}{pin} (imp {}, {})",
+            f.id, f.kind, f.text, f.importance, f.source
+        );
+    }
+    for c in &cs {
+        println!("{}", c.text);
+    }
+    Ok(())
+}
+
+/// `kvmem memory entities`: near-identical entity names, merged with `--merge`.
+async fn entities(pool: &PgPool, user: &str, threshold: f32, merge: bool) -> Result<()> {
+    let props = store::propose_merges(pool, user, threshold).await?;
+    for p in &props {
+        println!(
+            "{} <- {} (similarity {:.2})",
+            p.canonical, p.alias, p.similarity
+        );
+        if merge {
+            store::merge_entities(pool, user, &p.alias, &p.canonical, Some(p.similarity)).await?;
+        }
+    }
+    if props.is_empty() {
+        println!("no near-identical entities");
+    }
+    Ok(())
+}
+
+/// `kvmem memory curate`: the keep limits, then near-duplicate folding, for one user.
+async fn curate(svc: &MemoryService, s: &Scope) -> Result<()> {
+    s.validate()?;
+    let archived = store::archive_keep(
+        &svc.pool,
+        &s.user_id,
+        svc.config.keep_user,
+        svc.config.keep_lore,
+    )
+    .await?;
+    let folded = jobs::curate(svc, s).await?;
+    println!(
+        "archived {archived} over the keep limits; folded {} near-duplicate(s)",
+        folded.len()
+    );
     Ok(())
 }
 
