@@ -370,7 +370,6 @@ async fn a_worker_started_before_its_database_waits_for_it() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(waits(&text) >= 1, "{text}");
     assert!(early.0[0].try_wait().unwrap().is_none(), "{text}");
     drop(early);
 }

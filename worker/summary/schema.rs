@@ -106,9 +106,8 @@ pub fn validate(raw: &str, truncated: bool) -> Result<SessionSummary, Invalid> {
 
 /// [`validate`], then drops from `people` any entry that is not a name written in the
 /// conversation (a small model writes a section word such as "People", or a capitalised
-/// fragment of a line, there; one stray entry is no reason
-/// to refuse a summary whose other fields are sound, and the raw answer is kept beside the
-/// stored summary), then refuses an answer that restates the instructions instead of the
+/// fragment of a line, there; one stray entry is no reason to refuse a summary whose other
+/// fields are sound, and the raw answer is kept beside the stored summary), then refuses an answer that restates the instructions instead of the
 /// conversation (a small model copies its prompt's wording into the fields): a field whose
 /// words come from `instructions` and not from `conversation` is an echo. The tone is
 /// exempt: its words rarely appear in a conversation.
