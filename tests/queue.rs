@@ -648,5 +648,6 @@ fn echo_output(reply: &str, sid: &str) -> kvmem::turn::TurnOutput {
         reply: reply.to_string(),
         log: kvmem::turn::log::KvLog::start(kvmem::turn::log::TurnPath::Echo, sid, 4096),
         kv: None,
+        memory_ops: Vec::new(),
     }
 }

@@ -19,6 +19,9 @@ const SEED_VARS: &[&str] = &[
     "MODEL_SHA",
     "KV_COMPRESS",
     "DATABASE_URL",
+    // Issue 15's budgets, named like seed 000's.
+    "MEMORY_MAX_TOKENS",
+    "SUMMARY_MAX_TOKENS",
 ];
 
 /// Everything the worker, the CLI and the tests can tune.
@@ -98,6 +101,10 @@ pub struct Settings {
     /// The extraction model (seed 002's memoryLlm); unset = the chat model.
     #[serde(default)]
     pub memory_extract_model_path: Option<PathBuf>,
+    /// Recall in the turn: the entity cards and memories injected for a user message, at
+    /// most this many tokens (0 = no recall).
+    #[serde(default = "default_memory_max_tokens")]
+    pub memory_max_tokens: u32,
     /// Seed 002's keep-80 active facts per user.
     #[serde(default = "default_keep_user")]
     pub memory_keep_user: u32,
@@ -114,9 +121,21 @@ pub struct Settings {
     /// Attempts at a valid session summary before it is stored as an error.
     #[serde(default = "default_summary_attempts")]
     pub summary_max_attempts: u32,
+    /// The context block in the turn (user context, last session summary, spine), at most
+    /// this many tokens (0 = none).
+    #[serde(default = "default_summary_max_tokens")]
+    pub summary_max_tokens: u32,
     /// Entries per in-process summary cache (seed 004's LRU bound).
     #[serde(default = "default_summary_cache")]
     pub summary_cache_capacity: u64,
+}
+
+fn default_memory_max_tokens() -> u32 {
+    120
+}
+
+fn default_summary_max_tokens() -> u32 {
+    200
 }
 
 fn default_summary_attempts() -> u32 {

@@ -96,6 +96,8 @@ fn render_segments(segs: &[Segment]) -> String {
                 SegKind::Base => 'B',
                 SegKind::Turn => 'T',
                 SegKind::Digest => 'D',
+                SegKind::Context => 'C',
+                SegKind::Recall => 'M',
             };
             format!("{code}:{}", s.len)
         })
@@ -332,10 +334,7 @@ impl Base {
                 0 | 1 => SegKind::Turn,
                 _ => SegKind::Digest,
             };
-            segments.push(Segment {
-                kind,
-                len: 1 + (len as u32 % 64),
-            });
+            segments.push(Segment::new(kind, 1 + (len as u32 % 64)));
         }
         let tokens: u32 = segments.iter().map(|s| s.len).sum();
         let token_ids: Vec<i32> = (0..tokens as usize)
@@ -635,7 +634,7 @@ pub fn seed_files() -> Vec<(String, Vec<u8>)> {
             for state_len in [0usize, 37, 600] {
                 let segments: Vec<Segment> = segs
                     .iter()
-                    .map(|&(kind, len)| Segment { kind, len })
+                    .map(|&(kind, len)| Segment::new(kind, len))
                     .collect();
                 let tokens: u32 = segments.iter().map(|s| s.len).sum();
                 let token_ids: Vec<i32> = (0..tokens as i32).map(|i| i * 7 - 3).collect();

@@ -4,7 +4,7 @@
 WITH c AS (
     SELECT boundary_message_id, long_term_summary FROM session_compactions WHERE session_id = $1
 )
-SELECT user_text, reply_text FROM (
+SELECT turn_id, user_text, reply_text FROM (
     SELECT 0 AS part, 0::bigint AS turn_id,
            'Remind me what we talked about earlier.' AS user_text,
            'Earlier in this conversation: ' || c.long_term_summary AS reply_text

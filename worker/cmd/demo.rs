@@ -43,6 +43,8 @@ pub enum DemoError {
     Db(#[from] sqlx::Error),
     #[error(transparent)]
     Summary(#[from] crate::summary::SummaryError),
+    #[error("memory: {0}")]
+    Memory(String),
     #[error("printing the report: {0}")]
     Json(#[from] serde_json::Error),
     #[error("kv directory: {0}")]
@@ -153,6 +155,9 @@ pub enum Scene {
     /// Issue 14's summaries: a session closes, its summary is made, a new session opens
     /// with it available.
     Memory,
+    /// Issue 15's recall: facts told in session 1 reach a cold session 2 through recall
+    /// and the context block.
+    Recall,
 }
 
 /// Runs the scene. Leaves nothing running: the worker stops, a cluster it started is removed.
@@ -174,6 +179,11 @@ pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
         overrides["memory_lane"] = false.into();
         overrides["summary_lane"] = true.into();
     }
+    if scene == Scene::Recall {
+        // The scene runs both lanes itself, on a simulated clock.
+        overrides["memory_lane"] = false.into();
+        overrides["summary_lane"] = false.into();
+    }
     let settings = Arc::new(settings.with(overrides)?);
     let pool = crate::system::database(&settings, 8).await?;
     let engine = crate::system::load_model(&settings).await?;
@@ -185,7 +195,7 @@ pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
     let deps = crate::system::deps(
         pool.clone(),
         settings.clone(),
-        Model::Llama(engine),
+        Model::Llama(engine.clone()),
         runner::new_worker_id(),
         crate::metrics::global(),
     )?;
@@ -194,6 +204,7 @@ pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
     let result = match scene {
         Scene::Runbook => runbook(&pool).await,
         Scene::Memory => super::demo_memory::scene(&pool).await,
+        Scene::Recall => super::demo_recall::scene(&pool, &settings, engine).await,
     };
     shutdown.cancel();
     let _ = handle.await;

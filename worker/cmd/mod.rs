@@ -3,5 +3,6 @@
 
 pub mod demo;
 mod demo_memory;
+mod demo_recall;
 pub mod replay;
 pub mod status;

@@ -91,6 +91,38 @@ impl<'e, 'c> KvSession<'e, 'c> {
     /// Decodes `tokens` after the current tail, as one new segment (or extending the last
     /// segment when `kind` is `None`). Logits are kept for the final token only.
     pub fn append(&mut self, tokens: &[LlamaToken], kind: Option<SegKind>) -> Result<()> {
+        self.decode(tokens)?;
+        match (kind, self.segments.last_mut()) {
+            (None, Some(last)) => last.len += tokens.len() as u32,
+            (kind, _) => self.segments.push(Segment::new(
+                kind.unwrap_or(SegKind::Turn),
+                tokens.len() as u32,
+            )),
+        }
+        Ok(())
+    }
+
+    /// Decodes `tokens` as one new segment that records what it carries (`tag`).
+    pub fn append_segment(
+        &mut self,
+        tokens: &[LlamaToken],
+        kind: SegKind,
+        tag: &str,
+    ) -> Result<()> {
+        self.decode(tokens)?;
+        self.segments
+            .push(Segment::tagged(kind, tokens.len() as u32, tag));
+        Ok(())
+    }
+
+    /// Sets the tag of the newest segment (an exchange learns its turn id once it is whole).
+    pub fn tag_last(&mut self, tag: &str) {
+        if let Some(last) = self.segments.last_mut() {
+            last.tag = tag.to_string();
+        }
+    }
+
+    fn decode(&mut self, tokens: &[LlamaToken]) -> Result<()> {
         if tokens.is_empty() {
             return Ok(());
         }
@@ -112,13 +144,6 @@ impl<'e, 'c> KvSession<'e, 'c> {
                 .map_err(|e| EngineError::Decode(e.to_string()))?;
         }
         self.tokens.extend_from_slice(tokens);
-        match (kind, self.segments.last_mut()) {
-            (None, Some(last)) => last.len += tokens.len() as u32,
-            (kind, _) => self.segments.push(Segment {
-                kind: kind.unwrap_or(SegKind::Turn),
-                len: tokens.len() as u32,
-            }),
-        }
         Ok(())
     }
 
@@ -202,8 +227,9 @@ impl<'e, 'c> KvSession<'e, 'c> {
     }
 
     /// Drops the oldest segments, whole, until at most `max` tokens remain. The base prompt
-    /// is never touched, and the newest digest is kept while anything else can go, so the
-    /// world state stays in the KV instead of being re-injected. Returns tokens dropped.
+    /// is never touched, and the newest digest and the newest context block are kept while
+    /// anything else can go (they go last, context before digest), so the world state and
+    /// the user's context stay in the KV instead of being re-injected. Returns tokens dropped.
     ///
     /// Everything after the first dropped segment is decoded again, segment by segment:
     /// a position shift would keep values computed while the dropped tokens were still
@@ -214,12 +240,16 @@ impl<'e, 'c> KvSession<'e, 'c> {
         if over == 0 {
             return Ok(0);
         }
-        let keep_digest = self
-            .segments
-            .iter()
-            .rposition(|s| s.kind == SegKind::Digest);
+        let newest = |kind| self.segments.iter().rposition(|s| s.kind == kind);
+        let keep_digest = newest(SegKind::Digest);
+        let keep_context = newest(SegKind::Context);
         let droppable = (0..self.segments.len())
-            .filter(|&i| self.segments[i].kind != SegKind::Base && Some(i) != keep_digest)
+            .filter(|&i| {
+                self.segments[i].kind != SegKind::Base
+                    && Some(i) != keep_digest
+                    && Some(i) != keep_context
+            })
+            .chain(keep_context)
             .chain(keep_digest);
         let mut doomed = vec![false; self.segments.len()];
         let mut left = over;
@@ -243,12 +273,12 @@ impl<'e, 'c> KvSession<'e, 'c> {
             if *gone {
                 dropped += seg.len;
             } else {
-                kept.push((seg.kind, self.tokens[span].to_vec()));
+                kept.push((seg.clone(), self.tokens[span].to_vec()));
             }
         }
         self.truncate_tail(cut)?;
-        for (kind, tokens) in kept {
-            self.append(&tokens, Some(kind))?;
+        for (seg, tokens) in kept {
+            self.append_segment(&tokens, seg.kind, &seg.tag)?;
         }
         Ok(dropped)
     }

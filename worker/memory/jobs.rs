@@ -335,6 +335,27 @@ async fn forget(
     let text = payload["text"]
         .as_str()
         .ok_or_else(|| MemoryError::Invalid("forget job without text".into()))?;
+    let matched: Vec<i64> = forget_matches(svc, scope, text)
+        .await?
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    let archived = if matched.is_empty() {
+        Vec::new()
+    } else {
+        store::archive_ids(&svc.pool, &scope.user_id, &matched).await?
+    };
+    let blob = rebuild_blob(svc, scope).await?;
+    Ok(json!({"found": !archived.is_empty(), "archived": archived, "blob": blob}))
+}
+
+/// The active memories a forget of `text` archives: enough shared words, or a close vector.
+/// Read-only, so a chat turn can say what a forget will do before the lane does it.
+pub async fn forget_matches(
+    svc: &MemoryService,
+    scope: &Scope,
+    text: &str,
+) -> Result<Vec<store::Memory>> {
     let facts = store::facts(&svc.pool, scope, None, 5000).await?;
     let words = content_words(text);
     let qv = if facts.iter().any(|f| f.embedding.is_some()) {
@@ -344,24 +365,17 @@ async fn forget(
     } else {
         None
     };
-    let mut matched: Vec<i64> = Vec::new();
-    for f in &facts {
-        let lex = overlap(&words, text, &f.text);
-        let cos = match (&qv, &f.embedding) {
-            (Some(q), Some(b)) => embed::dot_bytes(q, b) as f64,
-            _ => 0.0,
-        };
-        if lex >= FORGET_OVERLAP || cos >= FORGET_COSINE {
-            matched.push(f.id);
-        }
-    }
-    let archived = if matched.is_empty() {
-        Vec::new()
-    } else {
-        store::archive_ids(&svc.pool, &scope.user_id, &matched).await?
-    };
-    let blob = rebuild_blob(svc, scope).await?;
-    Ok(json!({"found": !archived.is_empty(), "archived": archived, "blob": blob}))
+    Ok(facts
+        .into_iter()
+        .filter(|f| {
+            let lex = overlap(&words, text, &f.text);
+            let cos = match (&qv, &f.embedding) {
+                (Some(q), Some(b)) => embed::dot_bytes(q, b) as f64,
+                _ => 0.0,
+            };
+            lex >= FORGET_OVERLAP || cos >= FORGET_COSINE
+        })
+        .collect())
 }
 
 /// Runs memory jobs until none is runnable (CLI and tests; the worker calls

@@ -59,7 +59,7 @@ pub fn decode_exact(session: &mut KvSession, record: &KvRecord) -> Result<(), En
         let span = tokens
             .get(at..end)
             .ok_or_else(|| EngineError::Context("recorded segments exceed the tokens".into()))?;
-        session.append(span, Some(seg.kind))?;
+        session.append_segment(span, seg.kind, &seg.tag)?;
         at = end;
     }
     Ok(())
@@ -68,37 +68,57 @@ pub fn decode_exact(session: &mut KvSession, record: &KvRecord) -> Result<(), En
 /// How many recent exchanges a cold start reads back (bounded again by the tail).
 const HISTORY_EXCHANGES: i64 = 200;
 
+/// One exchange of the dialogue text, and the turn it came from (0 for a compaction's recap).
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    pub turn_id: i64,
+    pub user: String,
+    pub reply: String,
+}
+
 /// The session's recent exchanges, oldest first.
-pub async fn recent(pool: &PgPool, session_id: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
+pub async fn recent(pool: &PgPool, session_id: &str) -> Result<Vec<Exchange>, sqlx::Error> {
     let rows = sqlx::query(include_str!("../../sql/turn/recent_history.sql"))
         .bind(session_id)
         .bind(HISTORY_EXCHANGES)
         .fetch_all(pool)
         .await?;
     rows.iter()
-        .map(|r| Ok((r.try_get("user_text")?, r.try_get("reply_text")?)))
+        .map(|r| {
+            Ok(Exchange {
+                turn_id: r.try_get("turn_id")?,
+                user: r.try_get("user_text")?,
+                reply: r.try_get("reply_text")?,
+            })
+        })
         .collect()
 }
 
-/// Re-reads the most recent exchanges that fit `budget` tokens in total (base included).
+/// Re-reads the most recent exchanges that fit `budget` tokens in total (base included),
+/// each a segment tagged with its turn, as the warm KV tags them.
 pub fn rebuild(
     engine: &Engine,
     session: &mut KvSession,
-    history: &[(String, String)],
+    history: &[Exchange],
     budget: u32,
 ) -> Result<(), EngineError> {
     let mut picked = Vec::new();
     let mut total = session.len();
-    for (u, a) in history.iter().rev() {
-        let t = engine.block(&engine.frame.exchange, &[u, a]);
+    for x in history.iter().rev() {
+        let t = engine.block(&engine.frame.exchange, &[&x.user, &x.reply]);
         if total + t.len() as u32 > budget {
             break;
         }
         total += t.len() as u32;
-        picked.push(t);
+        picked.push((x.turn_id, t));
     }
-    for t in picked.iter().rev() {
-        session.append(t, Some(SegKind::Turn))?;
+    for (turn_id, t) in picked.iter().rev() {
+        let tag = if *turn_id > 0 {
+            turn_id.to_string()
+        } else {
+            String::new()
+        };
+        session.append_segment(t, SegKind::Turn, &tag)?;
     }
     Ok(())
 }

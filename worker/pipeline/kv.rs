@@ -9,6 +9,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::token::LlamaToken;
 
 use super::history;
+use super::recall::{ContextBlock, RecallItem};
 use crate::context::digest;
 use crate::engine::{Engine, GenStats, KvSession};
 use crate::snapshot::{self, SegKind, Snapshot};
@@ -18,10 +19,21 @@ use crate::turn::{KvRecord, TurnError};
 /// What the engine thread needs for one turn, besides where its KV comes from.
 #[derive(Clone)]
 pub struct TurnJob {
+    /// Tags the turn's exchange segment, so recall knows which exchanges the KV holds.
+    pub turn_id: i64,
     pub base_prompt: String,
     pub hud: String,
     pub digest: digest::Stored,
+    /// The context block; injected when the KV has not seen this version.
+    pub context: ContextBlock,
+    /// Recall candidates in rank order (cards first); only those the KV lacks go in.
+    pub recall: Vec<RecallItem>,
+    /// MEMORY_MAX_TOKENS: the recall block's whole size.
+    pub recall_max: u32,
     pub user: String,
+    /// The start of the reply, written by the worker (an in-chat command's answer); the
+    /// model continues from it. Empty for an ordinary turn.
+    pub reply_prefix: String,
     pub tail: u32,
     pub reply_max: u32,
     pub export: bool,
@@ -41,7 +53,7 @@ pub enum ColdSource {
     /// KV's dialogue, token for token.
     Exact(KvRecord),
     /// The recent exchanges' text, oldest first, re-tokenized (empty on a first turn).
-    Text(Vec<(String, String)>),
+    Text(Vec<history::Exchange>),
 }
 
 /// How the engine thread's part ended.
@@ -70,6 +82,14 @@ pub struct TurnRun {
     pub s_tokens: u32,
     pub u_tokens: u32,
     pub r_tokens: u32,
+    /// The context block, when injected: its tokens.
+    pub c_tokens: u32,
+    pub context_injected: bool,
+    /// The recall block, when injected: its tokens and the items it carried.
+    pub m_tokens: u32,
+    pub recalled: Vec<String>,
+    /// Candidates left out because the KV already holds them.
+    pub recall_in_kv: u32,
     pub load_ms: u64,
     pub stats: GenStats,
 }
@@ -79,8 +99,22 @@ struct Blocks {
     base: Vec<LlamaToken>,
     hud: Vec<LlamaToken>,
     user: Vec<LlamaToken>,
+    /// The worker-written start of the reply (empty for an ordinary turn).
+    prefix: Vec<LlamaToken>,
     close: Vec<LlamaToken>,
 }
+
+/// The optional blocks a turn injects before the HUD, in the order they are trimmed when
+/// the turn does not fit N_CTX: recall first, then context, then digest.
+#[derive(Default)]
+struct Injected {
+    digest: Option<Vec<LlamaToken>>,
+    context: Option<Vec<LlamaToken>>,
+    recall: Option<RecallBlock>,
+}
+
+/// A recall block's tokens and the item keys it carries.
+type RecallBlock = (Vec<LlamaToken>, Vec<String>);
 
 /// Steps 1–5 of seed 000 inside a context (the save itself is the caller's).
 pub fn run_in_context(
@@ -95,6 +129,11 @@ pub fn run_in_context(
         base: engine.base_tokens(&job.base_prompt),
         hud: engine.block(&engine.frame.system, &[&job.hud]),
         user: engine.block(&engine.frame.user, &[&job.user]),
+        prefix: if job.reply_prefix.is_empty() {
+            Vec::new()
+        } else {
+            engine.tokenize_plain(&job.reply_prefix)
+        },
         close: engine.tokenize_special(&engine.frame.reply_close, false),
     };
 
@@ -117,37 +156,62 @@ pub fn run_in_context(
         Some(source) => lay_back(engine, &mut session, source, &blocks, job.tail)?,
     };
 
-    // 3 (decided before the prune, which must leave room for it). The digest goes in only
-    // when the KV has not seen this version, or it was pruned away.
-    let digest = digest_block(engine, &job, &session, &loaded);
+    // 3 (decided before the prune, which must leave room for them). The digest and the
+    // context go in only when the KV has not seen their versions, or they were pruned away.
+    let mut injected = Injected {
+        digest: digest_block(engine, &job, &session, &loaded),
+        context: context_block(engine, &job, &session),
+        recall: None,
+    };
+    // Recall is sized after the prune (which may drop a recall segment the KV held), so
+    // the prune leaves room for a whole recall block whenever there are candidates.
+    let recall_room = if job.recall.is_empty() {
+        0
+    } else {
+        job.recall_max
+    };
 
-    // 2. Prune: HUD + digest + KV + user + reply <= N_CTX, and the KV within its tail.
-    let need = budget(engine, &job, &blocks, &digest)?;
+    // 2. Prune: HUD + digest + context + recall + KV + user + reply <= N_CTX, and the KV
+    // within its tail.
+    let (need, recall_room) = budget(engine, &job, &blocks, &mut injected, recall_room)?;
     session.prune_to(job.tail.min(engine.params.n_ctx - need))?;
+    let mut recall_in_kv = 0;
+    if recall_room > 0 {
+        (injected.recall, recall_in_kv) = recall_block(engine, &job, &session);
+    }
 
-    // 3. Build the context: digest (when due), HUD, user message.
-    if let Some(tokens) = &digest {
+    // 3. Build the context: digest, context and recall (when due), HUD, user message.
+    if let Some(tokens) = &injected.digest {
         session.append(tokens, Some(SegKind::Digest))?;
+    }
+    if let Some(tokens) = &injected.context {
+        session.append_segment(tokens, SegKind::Context, &job.context.version)?;
+    }
+    if let Some((tokens, keys)) = &injected.recall {
+        session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
     }
     let hud_start = session.len();
     session.append(&blocks.hud, Some(SegKind::Turn))?;
     session.append(&blocks.user, Some(SegKind::Turn))?;
+    session.append(&blocks.prefix, None)?;
     let mut stats = GenStats {
         prefill_ms: prefill_started.elapsed().as_millis() as u64,
         ..GenStats::default()
     };
 
-    // 4. Generate.
-    let reply = session.generate(job.reply_max, abort, &mut stats)?;
+    // 4. Generate, after the worker-written start of the reply when there is one.
+    let generated = session.generate(job.reply_max, abort, &mut stats)?;
+    let reply = [&blocks.prefix[..], &generated[..]].concat();
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
 
     // 5. The HUD is ephemeral; the exchange stays, within the tail.
     let redecode_started = Instant::now();
-    settle(&mut session, hud_start, &blocks, job.tail)?;
+    settle(&mut session, hud_start, &blocks, job.tail, job.turn_id)?;
     stats.redecode_ms = redecode_started.elapsed().as_millis() as u64;
 
     let state = job.export.then(|| session.export_state());
-    let injected = digest.is_some();
+    let digest = injected.digest;
+    let digest_injected = digest.is_some();
     Ok(KvOutcome::Ran(Box::new(TurnRun {
         reply: engine.detokenize(&reply),
         token_ids: session.token_ids(),
@@ -156,8 +220,8 @@ pub fn run_in_context(
         warm: loaded.rebuild.is_none(),
         rebuild: loaded.rebuild,
         tokens_loaded,
-        digest_injected: injected,
-        kv_digest_version: if injected {
+        digest_injected,
+        kv_digest_version: if digest_injected {
             job.digest.version.clone()
         } else {
             loaded.seen_digest.unwrap_or_default()
@@ -165,6 +229,11 @@ pub fn run_in_context(
         s_tokens: digest.as_ref().map_or(0, |d| d.len() as u32),
         u_tokens: engine.count_tokens(&job.user) as u32,
         r_tokens: reply.len() as u32,
+        c_tokens: injected.context.as_ref().map_or(0, |c| c.len() as u32),
+        context_injected: injected.context.is_some(),
+        m_tokens: injected.recall.as_ref().map_or(0, |(t, _)| t.len() as u32),
+        recalled: injected.recall.map(|(_, keys)| keys).unwrap_or_default(),
+        recall_in_kv,
         load_ms,
         stats,
     })))
@@ -207,6 +276,7 @@ fn settle(
     hud_start: u32,
     blocks: &Blocks,
     tail: u32,
+    turn_id: i64,
 ) -> Result<(), TurnError> {
     let hud_end = hud_start as usize + blocks.hud.len();
     let exchange = [&session.tokens()[hud_end..], &blocks.close[..]].concat();
@@ -215,7 +285,7 @@ fn settle(
     if session.len() + room > tail {
         session.prune_to(low_water(tail).saturating_sub(room))?;
     }
-    session.append(&exchange, Some(SegKind::Turn))?;
+    session.append_segment(&exchange, SegKind::Turn, &turn_id.to_string())?;
     // Only an exchange longer than the tail itself still overflows: it goes too.
     session.prune_to(tail)?;
     Ok(())
@@ -288,27 +358,101 @@ fn digest_block(
     })
 }
 
-/// Tokens the turn needs besides the KV; a message that cannot fit at all is fatal.
+/// The context block to inject this turn, if the KV does not hold its version.
+fn context_block(engine: &Engine, job: &TurnJob, session: &KvSession) -> Option<Vec<LlamaToken>> {
+    if job.context.content.is_empty() {
+        return None;
+    }
+    let seen = session
+        .segments()
+        .iter()
+        .rev()
+        .find(|s| s.kind == SegKind::Context)
+        .is_some_and(|s| s.tag == job.context.version);
+    (!seen).then(|| {
+        engine.block(
+            &engine.frame.system,
+            &[&format!("What you remember:\n{}", job.context.content)],
+        )
+    })
+}
+
+/// The recall block: the candidates the KV does not hold, in rank order, as many as fit
+/// `recall_max` tokens; and how many candidates the KV already held.
+fn recall_block(engine: &Engine, job: &TurnJob, session: &KvSession) -> (Option<RecallBlock>, u32) {
+    let held: std::collections::HashSet<&str> =
+        session.segments().iter().flat_map(|s| s.items()).collect();
+    let mut in_kv = 0;
+    let mut lines: Vec<&str> = Vec::new();
+    let mut keys: Vec<String> = Vec::new();
+    let mut tokens: Option<Vec<LlamaToken>> = None;
+    for item in &job.recall {
+        if held.contains(item.key.as_str()) {
+            in_kv += 1;
+            continue;
+        }
+        lines.push(&item.text);
+        let block = recall_text(engine, &lines);
+        if block.len() as u32 > job.recall_max {
+            lines.pop();
+            continue;
+        }
+        keys.push(item.key.clone());
+        tokens = Some(block);
+    }
+    (tokens.map(|t| (t, keys)), in_kv)
+}
+
+/// Seed 001's relevant-memories block (cards come first in `lines`).
+fn recall_text(engine: &Engine, lines: &[&str]) -> Vec<LlamaToken> {
+    let body: Vec<String> = lines.iter().map(|l| format!("- {l}")).collect();
+    engine.block(
+        &engine.frame.system,
+        &[&format!("Relevant memories:\n{}", body.join("\n"))],
+    )
+}
+
+/// Tokens the turn needs besides the KV. When even an empty KV leaves too little room, the
+/// optional blocks are trimmed in order (recall, then context, then digest); a message that
+/// cannot fit without them is fatal. Returns the tokens needed and the room kept for recall
+/// (0 when recall was trimmed).
 fn budget(
     engine: &Engine,
     job: &TurnJob,
     blocks: &Blocks,
-    digest: &Option<Vec<LlamaToken>>,
-) -> Result<u32, TurnError> {
-    let digest_len = digest.as_ref().map_or(0, Vec::len);
-    let need = (blocks.hud.len() + digest_len + blocks.user.len() + blocks.close.len()) as u32
-        + job.reply_max;
+    injected: &mut Injected,
+    recall_room: u32,
+) -> Result<(u32, u32), TurnError> {
     let n_ctx = engine.params.n_ctx;
-    if blocks.base.len() as u32 + need > n_ctx {
+    let fixed = (blocks.hud.len() + blocks.user.len() + blocks.prefix.len() + blocks.close.len())
+        as u32
+        + job.reply_max;
+    let len = |b: &Option<Vec<LlamaToken>>| b.as_ref().map_or(0, Vec::len) as u32;
+    let base = blocks.base.len() as u32;
+    let mut recall = recall_room;
+    let total =
+        |i: &Injected, recall: u32| base + fixed + len(&i.digest) + len(&i.context) + recall;
+    if total(injected, recall) > n_ctx {
+        recall = 0;
+    }
+    if total(injected, recall) > n_ctx {
+        injected.context = None;
+    }
+    if total(injected, recall) > n_ctx {
+        injected.digest = None;
+    }
+    if total(injected, recall) > n_ctx {
         return Err(TurnError::fatal(format!(
-            "message does not fit the context: base {} + HUD {} + digest {} + message {} + reply {} tokens > N_CTX {}",
+            "message does not fit the context: base {} + HUD {} + message {} + reply {} tokens > N_CTX {}",
             blocks.base.len(),
             blocks.hud.len(),
-            digest_len,
-            blocks.user.len(),
+            blocks.user.len() + blocks.prefix.len(),
             job.reply_max,
             n_ctx
         )));
     }
-    Ok(need)
+    Ok((
+        fixed + len(&injected.digest) + len(&injected.context) + recall,
+        recall,
+    ))
 }

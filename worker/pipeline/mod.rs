@@ -1,11 +1,15 @@
 //! Seed 000's turn pipeline on llama.cpp. [`TurnPipeline::run_turn`] reads as the seed's
-//! steps: gather the inputs, (1) load the KV, (2–4) prune, build the context and generate
-//! on an engine thread ([`kv`]), (5) save the snapshot. Step 6 is the runner's: the fenced
-//! completion, then [`TurnPipeline::after_turn`] rebuilds the digest.
+//! steps: gather the inputs (HUD, digest, and from the memory layers the context block,
+//! recall candidates and in-chat commands: [`recall`], [`commands`]), (1) load the KV,
+//! (2–4) prune, build the context and generate on an engine thread ([`kv`]), (5) save the
+//! snapshot. Step 6 is the runner's: the fenced completion, then
+//! [`TurnPipeline::after_turn`] rebuilds the digest.
 
-mod history;
+pub mod commands;
+pub mod history;
 pub mod kv;
 mod load;
+pub mod recall;
 mod save;
 
 use std::sync::atomic::AtomicBool;
@@ -22,10 +26,11 @@ use crate::context::digest;
 use crate::context::hud;
 use crate::context::tokens::TokenCount;
 use crate::engine::{Engine, EngineError, EnginePool};
+use crate::memory::MemoryService;
 use crate::metrics::Metrics;
 use crate::snapshot::{self, Limits, SnapshotStore};
 use crate::turn::log::{KvLog, TurnPath};
-use crate::turn::{ClaimedTurn, KvRecord, TurnError, TurnOutput};
+use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOutput};
 use kv::{KvOutcome, Start, TurnJob, TurnRun};
 
 /// The llama.cpp generator: engine threads, snapshot store, settings and the database.
@@ -35,6 +40,8 @@ pub struct TurnPipeline {
     pub settings: Arc<Settings>,
     db: PgPool,
     metrics: Arc<Metrics>,
+    /// Recall's retrieval (the query embedder and the search), made on the first turn.
+    memory: tokio::sync::OnceCell<Option<MemoryService>>,
 }
 
 /// What a turn reads before it touches the KV.
@@ -42,6 +49,11 @@ pub(super) struct Inputs {
     base_prompt: String,
     hud: String,
     digest: digest::Stored,
+    context: recall::ContextBlock,
+    recalled: recall::Recalled,
+    /// An in-chat command's answer, which opens the reply, and what it queues.
+    reply_prefix: String,
+    memory_ops: Vec<MemoryOp>,
 }
 
 impl TurnPipeline {
@@ -74,6 +86,7 @@ impl TurnPipeline {
             settings,
             db,
             metrics,
+            memory: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -97,6 +110,7 @@ impl TurnPipeline {
         abort: Arc<AtomicBool>,
     ) -> Result<TurnOutput, TurnError> {
         let s = &self.settings;
+        let turn_started = Instant::now();
         let mut log = KvLog::start(self.path(), &turn.session_id, s.n_ctx);
         let inputs = self.inputs(turn).await?;
         let last_done = crate::queue::last_done(&self.db, &turn.session_id)
@@ -109,14 +123,22 @@ impl TurnPipeline {
 
         // 2–4. Prune, build the context (HUD, digest when due, message), generate.
         let job = TurnJob {
+            turn_id: turn.id.0,
             base_prompt: inputs.base_prompt.clone(),
             hud: inputs.hud.clone(),
             digest: inputs.digest.clone(),
+            context: inputs.context.clone(),
+            recall: inputs.recalled.items.clone(),
+            recall_max: s.memory_max_tokens,
             user: turn.message.clone(),
+            reply_prefix: inputs.reply_prefix.clone(),
             tail: s.kv_tail_tokens,
             reply_max: s.reply_max_tokens,
             export: s.kv_only_enabled,
         };
+        // What the turn spent before its engine thread (inputs, recall, snapshot read)
+        // counts towards its time to first token.
+        let before_engine_ms = turn_started.elapsed().as_millis() as u64;
         let mut outcome = self.generate(job.clone(), start, &abort, &log).await?;
         if let KvOutcome::Refused(why) = outcome {
             let (start, reason) = self.cold_start(turn, &inputs, last_done, why).await?;
@@ -129,8 +151,9 @@ impl TurnPipeline {
                 return Err(TurnError::retryable(format!("cold start refused: {why}")))
             }
         };
-        self.record(&mut log, turn, &run, cold_reason, &inputs.digest)
+        self.record(&mut log, turn, &run, cold_reason, &inputs)
             .await;
+        log.ttft_ms += before_engine_ms;
 
         // 5. Save the pruned KV, while the lease is still ours.
         if let Some(state) = &run.state {
@@ -152,6 +175,7 @@ impl TurnPipeline {
                 segments: run.segments,
                 digest_version: run.kv_digest_version,
             }),
+            memory_ops: inputs.memory_ops,
         })
     }
 
@@ -170,11 +194,57 @@ impl TurnPipeline {
             &self.metrics,
         )
         .await?;
+        let context = self.context(turn).await?;
+        let memory = self.memory().await;
+        let (reply_prefix, memory_ops) = match (memory, commands::parse(&turn.message)) {
+            (Some(svc), Some(cmd)) => commands::carry_out(svc, turn, cmd).await,
+            _ => (String::new(), Vec::new()),
+        };
+        let recalled = match memory {
+            Some(svc) if s.memory_max_tokens > 0 => recall::gather(svc, turn, &turn.message).await,
+            _ => recall::Recalled::default(),
+        };
         Ok(Inputs {
             base_prompt,
             hud,
             digest,
+            context,
+            recalled,
+            reply_prefix,
+            memory_ops,
         })
+    }
+
+    /// The context block from what the summary lane stored, within SUMMARY_MAX_TOKENS.
+    async fn context(&self, turn: &ClaimedTurn) -> Result<recall::ContextBlock, TurnError> {
+        let max = self.settings.summary_max_tokens as usize;
+        if max == 0 {
+            return Ok(recall::ContextBlock::default());
+        }
+        let parts = recall::context_parts(&self.db, turn)
+            .await
+            .map_err(|e| TurnError::retryable_from("reading the context block", e))?;
+        let engine = self.engine().clone();
+        Ok(recall::context_block(&parts, max, &|t| {
+            engine.count_tokens(t)
+        }))
+    }
+
+    /// The memory service recall and in-chat commands use; `None` if it cannot be made
+    /// (bad memory settings), which turns both off with a warning.
+    async fn memory(&self) -> Option<&MemoryService> {
+        self.memory
+            .get_or_init(|| async {
+                match crate::memory::MemoryConfig::from_settings(&self.settings) {
+                    Ok(config) => Some(MemoryService::new(self.db.clone(), config).await),
+                    Err(e) => {
+                        warn!(error = %e, "recall and in-chat memory commands off: bad memory settings");
+                        None
+                    }
+                }
+            })
+            .await
+            .as_ref()
     }
 
     /// Steps 2–4 on an engine thread; a failure carries the log so far.
@@ -201,7 +271,7 @@ impl TurnPipeline {
         turn: &ClaimedTurn,
         run: &TurnRun,
         cold_reason: Option<String>,
-        digest: &digest::Stored,
+        inputs: &Inputs,
     ) {
         log.loaded = run.warm;
         log.cold = !run.warm;
@@ -218,7 +288,15 @@ impl TurnPipeline {
             0
         };
         log.digest_injected = run.digest_injected;
-        log.digest_version = digest.version.clone();
+        log.digest_version = inputs.digest.version.clone();
+        log.m_tokens = run.m_tokens;
+        log.memories_injected = run.recalled.len() as u32;
+        log.memory_keys = run.recalled.clone();
+        log.recall_in_kv = run.recall_in_kv;
+        log.recall_ms = inputs.recalled.ms;
+        log.context_injected = run.context_injected;
+        log.c_tokens = run.c_tokens;
+        log.context_version = inputs.context.version.clone();
         log.s_tokens = run.s_tokens;
         log.u_tokens = run.u_tokens;
         log.r_tokens = run.r_tokens;

@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use super::{insert_log_rows, ClaimedTurn, QueueError, Result};
 use crate::snapshot::render_segments;
-use crate::turn::TurnOutput;
+use crate::turn::{MemoryOp, TurnOutput};
 
 /// A finished turn waiting to be committed.
 #[derive(Debug, Clone)]
@@ -97,6 +97,14 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
                 .execute(&mut *tx)
                 .await?;
         }
+        let ops = memory_ops(batch);
+        if !ops.is_empty() {
+            sqlx::query(include_str!("../../sql/queue/memory_ops.sql"))
+                .bind(serde_json::Value::Array(ops))
+                .bind(&committed)
+                .fetch_all(&mut *tx)
+                .await?;
+        }
         sqlx::query(include_str!("../../sql/queue/release_many.sql"))
             .bind(&keys)
             .bind(&committed)
@@ -114,6 +122,22 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
             }
         })
         .collect())
+}
+
+/// The batch's in-chat memory commands, for `memory_ops.sql`.
+fn memory_ops(batch: &[Completion]) -> Vec<serde_json::Value> {
+    batch
+        .iter()
+        .flat_map(|c| {
+            c.output.memory_ops.iter().map(|op| {
+                let (kind, text) = match op {
+                    MemoryOp::Remember(t) => ("remember", t),
+                    MemoryOp::Forget(t) => ("forget", t),
+                };
+                serde_json::json!({"turn_id": c.turn.id.0, "kind": kind, "text": text})
+            })
+        })
+        .collect()
 }
 
 /// The batch's KV records, for `session_kv.sql` (which keeps only the committed ones).

@@ -102,5 +102,6 @@ async fn echo(
         reply: format!("echo: {}", turn.message),
         log,
         kv: None,
+        memory_ops: Vec::new(),
     })
 }

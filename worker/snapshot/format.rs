@@ -40,6 +40,12 @@ pub enum SegKind {
     Turn,
     /// An injected digest.
     Digest,
+    /// An injected context block (user context, last session summary, spine); its tag is
+    /// the context version, so a KV knows which version it has seen.
+    Context,
+    /// A recall block; its tag lists the recalled items (`m<memory id>`, `x<dialogue row
+    /// id>`, `c<card hash>`), so the next turn injects only what the KV does not hold.
+    Recall,
 }
 
 impl SegKind {
@@ -48,6 +54,8 @@ impl SegKind {
             SegKind::Base => 'B',
             SegKind::Turn => 'T',
             SegKind::Digest => 'D',
+            SegKind::Context => 'C',
+            SegKind::Recall => 'M',
         }
     }
 
@@ -56,17 +64,59 @@ impl SegKind {
             "B" => Some(SegKind::Base),
             "T" => Some(SegKind::Turn),
             "D" => Some(SegKind::Digest),
+            "C" => Some(SegKind::Context),
+            "M" => Some(SegKind::Recall),
             _ => None,
         }
     }
 }
 
 /// A contiguous run of KV positions. Positions are implied: segments tile 0..tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     pub kind: SegKind,
     pub len: u32,
+    /// What the segment carries, when that matters later: the turn id of an exchange, the
+    /// version of a context block, the items of a recall block. Empty = nothing recorded.
+    /// Only `[0-9A-Za-z.]`, so the table stays one comma-separated line.
+    pub tag: String,
 }
+
+impl Segment {
+    pub fn new(kind: SegKind, len: u32) -> Segment {
+        Segment {
+            kind,
+            len,
+            tag: String::new(),
+        }
+    }
+
+    pub fn tagged(kind: SegKind, len: u32, tag: impl Into<String>) -> Segment {
+        Segment {
+            kind,
+            len,
+            tag: tag.into(),
+        }
+    }
+
+    /// The recall items a recall segment holds (empty for any other kind).
+    pub fn items(&self) -> impl Iterator<Item = &str> {
+        let tag = if self.kind == SegKind::Recall {
+            self.tag.as_str()
+        } else {
+            ""
+        };
+        tag.split('.').filter(|s| !s.is_empty())
+    }
+}
+
+/// Whether `tag` can be written into a segment table.
+pub fn valid_tag(tag: &str) -> bool {
+    tag.len() <= MAX_TAG_BYTES && tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.')
+}
+
+/// A tag longer than this is not one of ours (a recall block holds a handful of items).
+const MAX_TAG_BYTES: usize = 1024;
 
 /// Payload encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,11 +291,18 @@ pub fn encode(header: &mut Header, token_ids: &[i32], state: &[u8]) -> io::Resul
     Ok(out)
 }
 
-/// The segment table as the header writes it (`B:57,T:120,...`); [`parse_segments`] reads it.
+/// The segment table as the header writes it (`B:57,T:120@41,M:30@m12.x7,...`);
+/// [`parse_segments`] reads it. Tags that could not be read back are left out.
 pub fn render_segments(segments: &[Segment]) -> String {
     let items: Vec<String> = segments
         .iter()
-        .map(|s| format!("{}:{}", s.kind.code(), s.len))
+        .map(|s| {
+            if s.tag.is_empty() || !valid_tag(&s.tag) {
+                format!("{}:{}", s.kind.code(), s.len)
+            } else {
+                format!("{}:{}@{}", s.kind.code(), s.len, s.tag)
+            }
+        })
         .collect();
     items.join(",")
 }
@@ -451,8 +508,9 @@ fn check_limit(field: &'static str, value: u64, limit: u64) -> Result<(), Snapsh
     Ok(())
 }
 
-/// Parses `B:57,T:120,...`. The segments must tile exactly `tokens` positions, and
-/// the base prompt, when present, must come first.
+/// Parses `B:57,T:120@41,...`. The segments must tile exactly `tokens` positions, and
+/// the base prompt, when present, must come first. Tables without tags (older files)
+/// read as segments with empty tags.
 pub fn parse_segments(text: &str, tokens: u32) -> Result<Vec<Segment>, SnapshotError> {
     if text.is_empty() {
         return if tokens == 0 {
@@ -469,9 +527,13 @@ pub fn parse_segments(text: &str, tokens: u32) -> Result<Vec<Segment>, SnapshotE
         if out.len() >= MAX_SEGMENTS {
             return Err(SnapshotError::Malformed("too many segments".into()));
         }
-        let (kind, len) = item
+        let (kind, rest) = item
             .split_once(':')
             .ok_or_else(|| SnapshotError::Malformed("segment without ':'".into()))?;
+        let (len, tag) = rest.split_once('@').unwrap_or((rest, ""));
+        if !valid_tag(tag) {
+            return Err(SnapshotError::Malformed("segment tag unreadable".into()));
+        }
         let kind = SegKind::from_code(kind)
             .ok_or_else(|| SnapshotError::Malformed("unknown segment kind".into()))?;
         let len: u32 = len
@@ -483,7 +545,7 @@ pub fn parse_segments(text: &str, tokens: u32) -> Result<Vec<Segment>, SnapshotE
             ));
         }
         total += len as u64;
-        out.push(Segment { kind, len });
+        out.push(Segment::tagged(kind, len, tag));
     }
     if total != tokens as u64 {
         return Err(SnapshotError::Malformed(format!(
@@ -505,14 +567,8 @@ pub(crate) mod tests {
             .with_compression(Compression::Zstd)
             .with_turn(7, 3)
             .with_segments(vec![
-                Segment {
-                    kind: SegKind::Base,
-                    len: 3,
-                },
-                Segment {
-                    kind: SegKind::Turn,
-                    len: 2,
-                },
+                Segment::new(SegKind::Base, 3),
+                Segment::tagged(SegKind::Turn, 2, "7"),
             ])
     }
 
@@ -590,5 +646,22 @@ pub(crate) mod tests {
         assert!(parse_segments("B:0,T:5", 5).is_err());
         assert!(parse_segments("X:5", 5).is_err());
         assert!(parse_segments("", 0).unwrap().is_empty());
+        assert!(parse_segments("B:3,T:2@x-y", 5).is_err());
+    }
+
+    #[test]
+    fn segment_tags_round_trip() {
+        let segs = vec![
+            Segment::new(SegKind::Base, 3),
+            Segment::tagged(SegKind::Turn, 4, "41"),
+            Segment::tagged(SegKind::Context, 2, "ab12"),
+            Segment::tagged(SegKind::Recall, 5, "m12.x7.c9f"),
+        ];
+        let text = render_segments(&segs);
+        assert_eq!(text, "B:3,T:4@41,C:2@ab12,M:5@m12.x7.c9f");
+        assert_eq!(parse_segments(&text, 14).unwrap(), segs);
+        let items: Vec<&str> = segs[3].items().collect();
+        assert_eq!(items, ["m12", "x7", "c9f"]);
+        assert_eq!(segs[1].items().count(), 0);
     }
 }

@@ -71,6 +71,18 @@ pub struct KvLog {
     pub r_tokens: u32,
     /// Bytes per token of the saved state.
     pub bpt: u32,
+    /// M: recall tokens injected this turn, and the items they carried.
+    pub m_tokens: u32,
+    pub memories_injected: u32,
+    pub memory_keys: Vec<String>,
+    /// Recall candidates left out because the KV already held them.
+    pub recall_in_kv: u32,
+    /// Time to gather the recall candidates (query embedding and search).
+    pub recall_ms: u64,
+    /// The context block: injected this turn, its tokens and the current version.
+    pub context_injected: bool,
+    pub c_tokens: u32,
+    pub context_version: String,
     pub status: &'static str,
     pub error: Option<String>,
     pub latency_ms: u64,
@@ -104,6 +116,14 @@ impl KvLog {
             u_tokens: 0,
             r_tokens: 0,
             bpt: 0,
+            m_tokens: 0,
+            memories_injected: 0,
+            memory_keys: Vec::new(),
+            recall_in_kv: 0,
+            recall_ms: 0,
+            context_injected: false,
+            c_tokens: 0,
+            context_version: String::new(),
             status: "OK",
             error: None,
             latency_ms: 0,
@@ -157,6 +177,14 @@ impl KvLog {
             "u_tokens": self.u_tokens,
             "r_tokens": self.r_tokens,
             "bpt": self.bpt,
+            "m_tokens": self.m_tokens,
+            "memories_injected": self.memories_injected,
+            "memory_keys": self.memory_keys,
+            "recall_in_kv": self.recall_in_kv,
+            "recall_ms": self.recall_ms.min(i32::MAX as u64),
+            "context_injected": self.context_injected,
+            "c_tokens": self.c_tokens,
+            "context_version": self.context_version,
             "status": self.status,
             "error": self.error,
             "latency_ms": self.latency_ms.min(i32::MAX as u64),
@@ -192,6 +220,15 @@ impl fmt::Display for KvLog {
             self.bpt,
             self.status,
             self.latency_ms
+        )?;
+        // Issue 15's fields, after the seed's, which stay byte-exact.
+        write!(
+            f,
+            " M={} memories_injected={} context_injected={} context_version={}",
+            self.m_tokens,
+            self.memories_injected,
+            self.context_injected,
+            short_version(&self.context_version)
         )
     }
 }
@@ -225,7 +262,8 @@ mod tests {
             log.to_string(),
             "kv_only path=kv_only sid=session_123 loaded=true cold=false tokens_in_kv=1440 \
              kv_bytes=165600000 n_ctx=4096 digest_injected=false digest_version=2c7f8a5b9d1e \
-             S=0 U=18 R=40 bpt=115 status=OK latency_ms=71"
+             S=0 U=18 R=40 bpt=115 status=OK latency_ms=71 \
+             M=0 memories_injected=0 context_injected=false context_version=none"
         );
     }
 }

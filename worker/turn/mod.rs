@@ -60,6 +60,16 @@ pub struct TurnOutput {
     pub log: KvLog,
     /// The KV's dialogue after the turn; `None` from the echo generator.
     pub kv: Option<KvRecord>,
+    /// In-chat memory commands to queue on the memory lane, in the completion's
+    /// transaction: committed with the reply that acknowledges them, or not at all.
+    pub memory_ops: Vec<MemoryOp>,
+}
+
+/// A remember or forget the turn's message asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryOp {
+    Remember(String),
+    Forget(String),
 }
 
 /// The exact token sequence and segment table the session's KV holds after a turn (pruned,

@@ -1,0 +1,372 @@
+//! Memory in the turn (issue 15), through the real queue, worker and pipeline on the tiny
+//! GGUF model: what recall and the context block put into the KV is read back from the
+//! committed KV record (`session_kv`) and detokenized, so each test asserts what the model
+//! saw, not what it answered.
+
+mod common;
+
+use common::*;
+use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
+use kvmem::memory::{MemoryConfig, MemoryService};
+use kvmem::snapshot::{parse_segments, SegKind, Segment};
+use llama_cpp_2::token::LlamaToken;
+use sqlx::PgPool;
+
+fn recall_settings(dir: &std::path::Path) -> kvmem::config::Settings {
+    settings(serde_json::json!({
+        "kv_dir": dir, "n_ctx": 1024, "kv_tail_tokens": 400, "reply_max_tokens": 16,
+    }))
+}
+
+/// The session's KV after its last committed turn: each segment with its text.
+async fn kv_segments(
+    pool: &PgPool,
+    engine: &kvmem::engine::Engine,
+    sid: &str,
+) -> Vec<(Segment, String)> {
+    let (ids, table): (Vec<i32>, String) =
+        sqlx::query_as("SELECT token_ids, segments FROM session_kv WHERE session_id = $1")
+            .bind(sid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let segments = parse_segments(&table, ids.len() as u32).unwrap();
+    let mut at = 0;
+    segments
+        .into_iter()
+        .map(|s| {
+            let span: Vec<LlamaToken> = ids[at..at + s.len as usize]
+                .iter()
+                .map(|&t| LlamaToken(t))
+                .collect();
+            at += s.len as usize;
+            let text = engine.detokenize(&span);
+            (s, text)
+        })
+        .collect()
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct RecallLog {
+    m_tokens: i32,
+    memories_injected: i32,
+    memory_keys: Vec<String>,
+    recall_in_kv: i32,
+    context_injected: bool,
+    c_tokens: i32,
+    context_version: String,
+    tokens_in_kv: i32,
+}
+
+async fn recall_log(pool: &PgPool, turn: kvmem::queue::TurnId) -> RecallLog {
+    sqlx::query_as(
+        "SELECT m_tokens, memories_injected, memory_keys, recall_in_kv, context_injected,
+                c_tokens, context_version, tokens_in_kv
+           FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(turn.0)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn memory(pool: &PgPool, user: &str, ch: i64, text: &str) -> i64 {
+    let mut m = NewMemory::new(
+        user,
+        Kind::People,
+        FactType::Relationship,
+        text,
+        Source::Explicit,
+    );
+    m.character_id = Some(ch);
+    m.entity_refs = vec!["person:maya".into()];
+    store::upsert(pool, m).await.unwrap().id()
+}
+
+const FACT: &str = "Maya is the user's sister and she lives in Lisbon";
+
+#[sqlx::test(migrations = false)]
+async fn a_recalled_memory_is_in_the_prefilled_tokens_once(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let id = memory(&pool, "u1", ch, FACT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = recall_settings(dir.path());
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+
+    let (t1, log) = one_turn(&deps, "s2", "u1", ch, "Where does Maya live these days?").await;
+    assert_eq!(log.status, "OK", "{:?}", log.error);
+    let r1 = recall_log(&pool, t1).await;
+    let key = format!("m{id}");
+    assert!(r1.memory_keys.contains(&key), "{r1:?}");
+    assert_eq!(r1.memories_injected as usize, r1.memory_keys.len());
+    assert!(r1.m_tokens > 0 && r1.m_tokens <= 120, "{r1:?}");
+    let kv = kv_segments(&pool, &engine, "s2").await;
+    let recall: Vec<&(Segment, String)> = kv
+        .iter()
+        .filter(|(s, _)| s.kind == SegKind::Recall)
+        .collect();
+    assert_eq!(recall.len(), 1, "{kv:?}");
+    assert!(recall[0].1.contains(FACT), "{:?}", recall[0].1);
+    assert!(recall[0].0.items().any(|k| k == key));
+    assert_eq!(recall[0].0.len as i32, r1.m_tokens);
+    // The block comes before the exchange it was recalled for.
+    let pos = |kind| kv.iter().rposition(|(s, _)| s.kind == kind).unwrap();
+    assert!(pos(SegKind::Recall) < pos(SegKind::Turn));
+
+    // The same question again, warm: the memory is in the KV, so nothing is injected and
+    // the KV grows by the exchange alone.
+    let (t2, log2) = one_turn(&deps, "s2", "u1", ch, "Where does Maya live these days?").await;
+    assert!(log2.loaded && !log2.cold, "{:?}", log2.cold_reason);
+    let r2 = recall_log(&pool, t2).await;
+    assert_eq!((r2.m_tokens, r2.memories_injected), (0, 0), "{r2:?}");
+    assert!(r2.recall_in_kv >= 1, "{r2:?}");
+    let kv2 = kv_segments(&pool, &engine, "s2").await;
+    assert_eq!(kv2.len(), kv.len() + 1, "{kv2:?}");
+    assert_eq!(kv2[..kv.len()], kv[..]);
+    let new = &kv2.last().unwrap().0;
+    assert_eq!(new.kind, SegKind::Turn);
+    assert_eq!(new.tag, t2.0.to_string());
+    assert_eq!(r2.tokens_in_kv, r1.tokens_in_kv + new.len as i32);
+}
+
+#[sqlx::test(migrations = false)]
+async fn recall_never_crosses_users(pool: PgPool) {
+    migrate(&pool).await;
+    let a = character(&pool, "alice", "Ada").await;
+    let b = character(&pool, "bob", "Bo").await;
+    memory(&pool, "alice", a, FACT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = recall_settings(dir.path());
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    // Bob cannot even queue a turn with Alice's character.
+    let refused =
+        kvmem::queue::enqueue(&pool, "bob2", "bob", a, "Where does Maya live?", None).await;
+    assert!(refused.is_err(), "{refused:?}");
+    // Bob asks Alice's question with his own character: nothing of hers is recalled.
+    let (t, log) = one_turn(&deps, "bob1", "bob", b, "Where does Maya live these days?").await;
+    assert_eq!(log.status, "OK", "{:?}", log.error);
+    let r = recall_log(&pool, t).await;
+    assert_eq!(r.memories_injected, 0, "{r:?}");
+    for (seg, text) in kv_segments(&pool, &engine, "bob1").await {
+        assert!(!text.contains("Lisbon"), "{seg:?} {text}");
+    }
+    // Alice's own turn does recall it: the test above can fail.
+    let (t, _) = one_turn(
+        &deps,
+        "alice1",
+        "alice",
+        a,
+        "Where does Maya live these days?",
+    )
+    .await;
+    assert_eq!(recall_log(&pool, t).await.memories_injected, 1);
+}
+
+async fn store_context(pool: &PgPool, user: &str, ch: i64, one_liner: &str) {
+    let summary = serde_json::json!({"one_liner": one_liner,
+        "what_mattered": ["a trip to Porto in May"], "open_loops": [], "commitments": [],
+        "people": ["Maya"], "tone": "warm"});
+    sqlx::query(
+        "INSERT INTO summary_sessions (user_id, character_id, started_at, last_activity_at,
+                                       ended_at, first_message_id, last_message_id)
+         VALUES ($1, $2, now() - interval '2 days', now() - interval '2 days',
+                 now() - interval '2 days', 0, 0)",
+    )
+    .bind(user)
+    .bind(ch)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO session_state (user_id, character_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+    )
+    .bind(user)
+    .bind(ch)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO session_summaries (session_id, user_id, character_id, status, summary, attempts)
+         SELECT max(id), $1, $2, 'ok', $3, 1 FROM summary_sessions WHERE user_id = $1",
+    )
+    .bind(user)
+    .bind(ch)
+    .bind(&summary)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_context_block_goes_in_on_a_cold_start_and_again_only_when_it_changes(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    store_context(&pool, "u1", ch, "They talked about trains.").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = recall_settings(dir.path());
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+
+    let (t1, log1) = one_turn(&deps, "c1", "u1", ch, "Hello again.").await;
+    assert_eq!(log1.status, "OK", "{:?}", log1.error);
+    let r1 = recall_log(&pool, t1).await;
+    assert!(r1.context_injected && r1.c_tokens > 0, "{r1:?}");
+    let kv = kv_segments(&pool, &engine, "c1").await;
+    let ctx: Vec<_> = kv
+        .iter()
+        .filter(|(s, _)| s.kind == SegKind::Context)
+        .collect();
+    assert_eq!(ctx.len(), 1);
+    assert!(
+        ctx[0].1.contains("They talked about trains."),
+        "{}",
+        ctx[0].1
+    );
+    assert!(ctx[0].1.contains("a trip to Porto in May"), "{}", ctx[0].1);
+    assert_eq!(ctx[0].0.tag, r1.context_version);
+
+    let (t2, _) = one_turn(&deps, "c1", "u1", ch, "How are you?").await;
+    let r2 = recall_log(&pool, t2).await;
+    assert!(!r2.context_injected && r2.c_tokens == 0, "{r2:?}");
+    assert_eq!(r2.context_version, r1.context_version);
+
+    // A newer session summary is a new version: injected once more.
+    store_context(&pool, "u1", ch, "They planned a hike.").await;
+    let (t3, _) = one_turn(&deps, "c1", "u1", ch, "What now?").await;
+    let r3 = recall_log(&pool, t3).await;
+    assert!(r3.context_injected, "{r3:?}");
+    assert_ne!(r3.context_version, r1.context_version);
+    let kv3 = kv_segments(&pool, &engine, "c1").await;
+    let newest = kv3
+        .iter()
+        .rev()
+        .find(|(s, _)| s.kind == SegKind::Context)
+        .unwrap();
+    assert!(newest.1.contains("They planned a hike."), "{}", newest.1);
+
+    // Lost snapshot: the cold start lays the recorded KV back exactly, context included,
+    // so nothing is injected again.
+    for f in files_with_ext(dir.path(), ".llkv") {
+        std::fs::remove_file(f).unwrap();
+    }
+    let (t4, log4) = one_turn(&deps, "c1", "u1", ch, "Still there?").await;
+    assert!(log4.cold, "{log4:?}");
+    assert!(!recall_log(&pool, t4).await.context_injected);
+}
+
+async fn reply(pool: &PgPool, turn: kvmem::queue::TurnId) -> String {
+    sqlx::query_scalar("SELECT reply FROM turns WHERE id = $1")
+        .bind(turn.0)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn jobs(pool: &PgPool, user: &str) -> Vec<(String, serde_json::Value)> {
+    sqlx::query_as(
+        "SELECT kind, payload FROM memory_jobs WHERE user_id = $1 AND kind <> 'ingest' ORDER BY id",
+    )
+    .bind(user)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = recall_settings(dir.path());
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s.clone(), engine.clone(), "w1");
+    let svc = MemoryService::new(pool.clone(), MemoryConfig::from_settings(&s).unwrap()).await;
+
+    // A forget that matches nothing archives nothing and queues nothing.
+    let (t, _) = one_turn(&deps, "k1", "u1", ch, "Forget that I like jazz.").await;
+    assert!(
+        reply(&pool, t)
+            .await
+            .starts_with("I don't have anything like \"you like jazz\""),
+        "{}",
+        reply(&pool, t).await
+    );
+    assert!(jobs(&pool, "u1").await.is_empty());
+
+    let (t, _) = one_turn(
+        &deps,
+        "k1",
+        "u1",
+        ch,
+        "Remember that my sister Maya lives in Lisbon.",
+    )
+    .await;
+    assert!(
+        reply(&pool, t)
+            .await
+            .starts_with("Noted. I'll remember that your sister Maya lives in Lisbon."),
+        "{}",
+        reply(&pool, t).await
+    );
+    let queued = jobs(&pool, "u1").await;
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].0, "remember");
+    assert_eq!(queued[0].1["text"], "my sister Maya lives in Lisbon");
+    kvmem::memory::jobs::drain(&svc).await.unwrap();
+
+    let (t, _) = one_turn(&deps, "k1", "u1", ch, "What do you know about Maya?").await;
+    let answer = reply(&pool, t).await;
+    assert!(
+        answer.starts_with("Here's what I know about Maya:"),
+        "{answer}"
+    );
+    assert!(answer.contains("Lisbon"), "{answer}");
+
+    // A look-alike is an ordinary message: nothing queued.
+    one_turn(&deps, "k1", "u1", ch, "Forget that, tell me a story.").await;
+    assert_eq!(jobs(&pool, "u1").await.len(), 1);
+
+    let (t, _) = one_turn(
+        &deps,
+        "k1",
+        "u1",
+        ch,
+        "Forget that my sister Maya lives in Lisbon.",
+    )
+    .await;
+    assert!(
+        reply(&pool, t).await.starts_with("Done. I've forgotten:"),
+        "{}",
+        reply(&pool, t).await
+    );
+    assert_eq!(jobs(&pool, "u1").await.len(), 2);
+    kvmem::memory::jobs::drain(&svc).await.unwrap();
+    let active: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM memories WHERE user_id = 'u1' AND status = 'active' AND text ILIKE '%Lisbon%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(active, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn recall_gives_way_when_the_context_is_short(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    memory(&pool, "u1", ch, FACT).await;
+    let dir = tempfile::tempdir().unwrap();
+    // N_CTX leaves no room for a recall block beside the reply: recall is trimmed first,
+    // and the turn still runs.
+    let s = settings(serde_json::json!({
+        "kv_dir": dir.path(), "n_ctx": 256, "kv_tail_tokens": 64, "reply_max_tokens": 100,
+    }));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (t, log) = one_turn(&deps, "short", "u1", ch, "Where does Maya live these days?").await;
+    assert_eq!(log.status, "OK", "{:?}", log.error);
+    assert_eq!(recall_log(&pool, t).await.memories_injected, 0);
+}
