@@ -329,6 +329,16 @@ async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
     one_turn(&deps, "k1", "u1", ch, "Forget that, tell me a story.").await;
     assert_eq!(jobs(&pool, "u1").await.len(), 1);
 
+    let active = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM memories
+              WHERE user_id = 'u1' AND status = 'ACTIVE' AND text ILIKE '%Lisbon%'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(active().await, 1, "the remember job stored the memory");
     let (t, _) = one_turn(
         &deps,
         "k1",
@@ -344,13 +354,7 @@ async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
     );
     assert_eq!(jobs(&pool, "u1").await.len(), 2);
     kvmem::memory::jobs::drain(&svc).await.unwrap();
-    let active: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM memories WHERE user_id = 'u1' AND status = 'active' AND text ILIKE '%Lisbon%'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(active, 0);
+    assert_eq!(active().await, 0, "the forget job archived it");
 }
 
 #[sqlx::test(migrations = false)]
@@ -369,4 +373,60 @@ async fn recall_gives_way_when_the_context_is_short(pool: PgPool) {
     let (t, log) = one_turn(&deps, "short", "u1", ch, "Where does Maya live these days?").await;
     assert_eq!(log.status, "OK", "{:?}", log.error);
     assert_eq!(recall_log(&pool, t).await.memories_injected, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn dialogue_of_an_earlier_session_is_recalled_in_a_new_one(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = recall_settings(dir.path());
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let told = "My sister Maya moved to Lisbon last spring.";
+    one_turn(&deps, "first", "u1", ch, told).await;
+    // Within its own session, the message is in the KV: recall leaves it out.
+    let (t, _) = one_turn(&deps, "first", "u1", ch, "Where did my sister Maya move?").await;
+    assert_eq!(recall_log(&pool, t).await.memories_injected, 0);
+
+    let (t, log) = one_turn(&deps, "second", "u1", ch, "Where did my sister Maya move?").await;
+    assert!(log.cold, "a new session starts cold");
+    let r = recall_log(&pool, t).await;
+    assert!(r.memory_keys.iter().any(|k| k.starts_with('x')), "{r:?}");
+    let kv = kv_segments(&pool, &engine, "second").await;
+    let recall = kv
+        .iter()
+        .find(|(s, _)| s.kind == SegKind::Recall)
+        .expect("a recall segment");
+    assert!(recall.1.contains(told), "{}", recall.1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn in_chat_forget_never_reaches_another_users_memories(pool: PgPool) {
+    migrate(&pool).await;
+    let a = character(&pool, "alice", "Ada").await;
+    let b = character(&pool, "bob", "Bo").await;
+    let id = memory(&pool, "alice", a, FACT).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = recall_settings(dir.path());
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s.clone(), engine, "w1");
+    let (t, _) = one_turn(&deps, "bob1", "bob", b, &format!("Forget that {FACT}")).await;
+    assert!(reply(&pool, t)
+        .await
+        .starts_with("I don't have anything like"));
+    assert!(jobs(&pool, "bob").await.is_empty());
+    let (t, _) = one_turn(&deps, "bob1", "bob", b, "What do you know about Maya?").await;
+    let answer = reply(&pool, t).await;
+    assert!(
+        answer.starts_with("I don't know anything about Maya yet."),
+        "{answer}"
+    );
+    assert!(!answer.contains("Lisbon"), "{answer}");
+    let status: String = sqlx::query_scalar("SELECT status FROM memories WHERE id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "ACTIVE");
 }
