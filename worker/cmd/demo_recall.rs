@@ -50,11 +50,12 @@ pub async fn scene(pool: &PgPool, settings: &Settings, engine: Arc<Engine>) -> R
         say(pool, &s1, ch, msg, &mut out).await?;
     }
     let _ = writeln!(out, "\n## Thirty simulated minutes later");
-    lanes(pool, settings, engine, &mut out).await?;
+    lanes(pool, settings, engine.clone(), &mut out).await?;
     let _ = writeln!(out, "\n## Session 2 (new session id, cold KV)");
     let mut turns = Vec::new();
     for (msg, _) in SECOND {
-        turns.push(say(pool, &s2, ch, msg, &mut out).await?);
+        let id = say(pool, &s2, ch, msg, &mut out).await?;
+        turns.push((id, newest_recall(pool, &engine, &s2).await?));
     }
     table(pool, &turns, &mut out).await?;
     Ok(out)
@@ -112,40 +113,90 @@ async fn lanes(
     Ok(())
 }
 
+/// Whether `text` names `fact`, in any case ("porto" counts for "Porto").
+fn holds(text: &str, fact: &str) -> bool {
+    text.to_lowercase().contains(&fact.to_lowercase())
+}
+
+/// The newest recall block in the session's committed KV, as the model saw it.
+async fn newest_recall(pool: &PgPool, engine: &Engine, sid: &str) -> Result<String> {
+    let row = sqlx::query(include_str!("../../sql/cmd/demo_recall_kv.sql"))
+        .bind(sid)
+        .fetch_one(pool)
+        .await?;
+    let ids: Vec<i32> = row.try_get("token_ids")?;
+    let table: String = row.try_get("segments")?;
+    let Ok(segments) = crate::snapshot::parse_segments(&table, ids.len() as u32) else {
+        return Ok(String::new());
+    };
+    let mut at = 0;
+    let mut newest = String::new();
+    for seg in segments {
+        let span = &ids[at..at + seg.len as usize];
+        at += seg.len as usize;
+        if seg.kind == crate::snapshot::SegKind::Recall {
+            let tokens: Vec<_> = span
+                .iter()
+                .map(|&t| llama_cpp_2::token::LlamaToken(t))
+                .collect();
+            newest = engine.detokenize(&tokens);
+        }
+    }
+    Ok(newest)
+}
+
 /// Per turn of session 2: what recall injected, whether the context went in, the KV size,
 /// and whether the reply holds the fact asked about.
-async fn table(pool: &PgPool, turns: &[i64], out: &mut String) -> Result<()> {
+async fn table(pool: &PgPool, turns: &[(i64, String)], out: &mut String) -> Result<()> {
     let _ = writeln!(
         out,
-        "\n| turn | recalled (injected ids) | M tokens | context injected (tokens) | tokens_in_kv | reply contains the fact |"
+        "\n| turn | recalled (injected ids) | M tokens | recall holds the fact | context injected (tokens) | tokens_in_kv | reply contains the fact |"
     );
-    let _ = writeln!(out, "|---|---|---:|---|---:|---|");
-    for (i, (id, (_, fact))) in turns.iter().zip(SECOND).enumerate() {
+    let _ = writeln!(out, "|---|---|---:|---|---|---:|---|");
+    let mut blocks = String::new();
+    for (i, ((id, recalled), (_, fact))) in turns.iter().zip(SECOND).enumerate() {
         let r = sqlx::query(include_str!("../../sql/cmd/demo_recall_turn.sql"))
             .bind(id)
             .fetch_one(pool)
             .await?;
         let keys: Vec<String> = r.try_get("memory_keys")?;
         let reply: String = r.try_get("reply")?;
+        let m_tokens: i32 = r.try_get("m_tokens")?;
+        // The session's newest recall block is this turn's only if the turn injected one.
+        let recalled = if m_tokens > 0 { recalled.as_str() } else { "" };
+        let _ = writeln!(
+            blocks,
+            "S2.T{}: {}",
+            i + 1,
+            if recalled.is_empty() {
+                "(nothing new)"
+            } else {
+                recalled.trim()
+            }
+        );
         let _ = writeln!(
             out,
-            "| S2.T{} | {} | {} | {} ({}) | {} | {} ({fact}) |",
+            "| S2.T{} | {} | {m_tokens} | {} | {} ({}) | {} | {} ({fact}) |",
             i + 1,
             if keys.is_empty() {
                 "-".to_string()
             } else {
                 keys.join(" ")
             },
-            r.try_get::<i32, _>("m_tokens")?,
+            if holds(recalled, fact) { "yes" } else { "no" },
             r.try_get::<bool, _>("context_injected")?,
             r.try_get::<i32, _>("c_tokens")?,
             r.try_get::<i32, _>("tokens_in_kv")?,
-            if reply.contains(fact) { "yes" } else { "no" },
+            if holds(&reply, fact) { "yes" } else { "no" },
         );
     }
     let _ = writeln!(
         out,
-        "\nids: m<memory id>, x<hash of a past message>, c<hash of an entity card>; the recalled text is in \
+        "\nWhat each turn's recall block put into the KV:\n{blocks}"
+    );
+    let _ = writeln!(
+        out,
+        "ids: m<memory id>, x<hash of a past message>, c<hash of an entity card>; the recalled text is in \
          the turn's recall segment of the committed KV (`session_kv`)."
     );
     Ok(())
