@@ -19,7 +19,7 @@ use crate::turn::{KvRecord, TurnError};
 /// What the engine thread needs for one turn, besides where its KV comes from.
 #[derive(Clone)]
 pub struct TurnJob {
-    /// Tags the turn's exchange segment, so recall knows which exchanges the KV holds.
+    /// Tags the turn's exchange segment, so the segment table says which turns the KV holds.
     pub turn_id: i64,
     pub base_prompt: String,
     pub hud: String,
