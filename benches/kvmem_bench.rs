@@ -218,7 +218,20 @@ fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>) -> Result<
     )?)
 }
 
-/// Runs one turn through the queue; returns (ttft_ms, latency_ms, cold, tokens_loaded).
+/// Enqueues one turn and runs the queue until it is done.
+async fn run_one(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<kvmem::queue::TurnId> {
+    let id = kvmem::queue::enqueue(&deps.pool, sid, "bench", ch, msg, None).await?;
+    let never = CancellationToken::new();
+    loop {
+        match runner::process_next_turn(deps, &never).await? {
+            Outcome::Done(t) if t == id => return Ok(id),
+            Outcome::Empty => anyhow::bail!("turn {id} not runnable"),
+            other if other == Outcome::Failed(id) => anyhow::bail!("turn {id} failed"),
+            _ => {}
+        }
+    }
+}
+
 /// Runs one turn through the queue; returns (ttft ms, latency ms, cold, tokens loaded,
 /// prefill ms).
 async fn timed_turn(
@@ -227,16 +240,7 @@ async fn timed_turn(
     ch: i64,
     msg: &str,
 ) -> Result<(f64, f64, bool, i32, f64)> {
-    let id = kvmem::queue::enqueue(&deps.pool, sid, "bench", ch, msg, None).await?;
-    let never = CancellationToken::new();
-    loop {
-        match runner::process_next_turn(deps, &never).await? {
-            Outcome::Done(t) if t == id => break,
-            Outcome::Empty => anyhow::bail!("turn {id} not runnable"),
-            other if other == Outcome::Failed(id) => anyhow::bail!("turn {id} failed"),
-            _ => {}
-        }
-    }
+    let id = run_one(deps, sid, ch, msg).await?;
     let (ttft, lat, cold, loaded, prefill): (i32, i32, bool, i32, i32) = sqlx::query_as(
         "SELECT ttft_ms, latency_ms, cold, tokens_loaded, prefill_ms FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
     )
@@ -864,16 +868,7 @@ async fn memory_turn(
     ch: i64,
     msg: &str,
 ) -> Result<MemoryRow> {
-    let id = kvmem::queue::enqueue(&deps.pool, sid, "bench", ch, msg, None).await?;
-    let never = CancellationToken::new();
-    loop {
-        match runner::process_next_turn(deps, &never).await? {
-            Outcome::Done(t) if t == id => break,
-            Outcome::Empty => anyhow::bail!("turn {id} not runnable"),
-            other if other == Outcome::Failed(id) => anyhow::bail!("turn {id} failed"),
-            _ => {}
-        }
-    }
+    let id = run_one(deps, sid, ch, msg).await?;
     kvmem::memory::jobs::drain(lane).await?;
     Ok(sqlx::query_as(
         "SELECT ttft_ms, cold, recall_ms, m_tokens, c_tokens, memories_injected,

@@ -12,10 +12,21 @@ use kvmem::snapshot::{parse_segments, SegKind, Segment};
 use llama_cpp_2::token::LlamaToken;
 use sqlx::PgPool;
 
-fn recall_settings(dir: &std::path::Path) -> kvmem::config::Settings {
-    settings(serde_json::json!({
+/// Settings, the tiny model and a worker's dependencies for one test.
+fn rig(
+    pool: &PgPool,
+    dir: &std::path::Path,
+) -> (
+    kvmem::config::Settings,
+    std::sync::Arc<kvmem::engine::Engine>,
+    kvmem::runner::Deps,
+) {
+    let s = settings(serde_json::json!({
         "kv_dir": dir, "n_ctx": 1024, "kv_tail_tokens": 400, "reply_max_tokens": 16,
-    }))
+    }));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(pool, s.clone(), engine.clone(), "w1");
+    (s, engine, deps)
 }
 
 /// The session's KV after its last committed turn: each segment with its text.
@@ -91,9 +102,7 @@ async fn a_recalled_memory_is_in_the_prefilled_tokens_once(pool: PgPool) {
     let ch = character(&pool, "u1", "Ada").await;
     let id = memory(&pool, "u1", ch, FACT).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = recall_settings(dir.path());
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (_, engine, deps) = rig(&pool, dir.path());
 
     let (t1, log) = one_turn(&deps, "s2", "u1", ch, "Where does Maya live these days?").await;
     assert_eq!(log.status, "OK", "{:?}", log.error);
@@ -138,9 +147,7 @@ async fn recall_never_crosses_users(pool: PgPool) {
     let b = character(&pool, "bob", "Bo").await;
     memory(&pool, "alice", a, FACT).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = recall_settings(dir.path());
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (_, engine, deps) = rig(&pool, dir.path());
     // Bob cannot even queue a turn with Alice's character.
     let refused =
         kvmem::queue::enqueue(&pool, "bob2", "bob", a, "Where does Maya live?", None).await;
@@ -206,9 +213,7 @@ async fn the_context_block_goes_in_on_a_cold_start_and_again_only_when_it_change
     let ch = character(&pool, "u1", "Ada").await;
     store_context(&pool, "u1", ch, "They talked about trains.").await;
     let dir = tempfile::tempdir().unwrap();
-    let s = recall_settings(dir.path());
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (_, engine, deps) = rig(&pool, dir.path());
 
     let (t1, log1) = one_turn(&deps, "c1", "u1", ch, "Hello again.").await;
     assert_eq!(log1.status, "OK", "{:?}", log1.error);
@@ -280,9 +285,7 @@ async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
-    let s = recall_settings(dir.path());
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s.clone(), engine.clone(), "w1");
+    let (s, _, deps) = rig(&pool, dir.path());
     let svc = MemoryService::new(pool.clone(), MemoryConfig::from_settings(&s).unwrap()).await;
 
     // A forget that matches nothing archives nothing and queues nothing.
@@ -380,9 +383,7 @@ async fn dialogue_of_an_earlier_session_is_recalled_in_a_new_one(pool: PgPool) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
-    let s = recall_settings(dir.path());
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (_, engine, deps) = rig(&pool, dir.path());
     let told = "My sister Maya moved to Lisbon last spring.";
     one_turn(&deps, "first", "u1", ch, told).await;
     // Within its own session, the message is in the KV: recall leaves it out.
@@ -408,9 +409,7 @@ async fn in_chat_forget_never_reaches_another_users_memories(pool: PgPool) {
     let b = character(&pool, "bob", "Bo").await;
     let id = memory(&pool, "alice", a, FACT).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = recall_settings(dir.path());
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s.clone(), engine, "w1");
+    let (_, _, deps) = rig(&pool, dir.path());
     let (t, _) = one_turn(&deps, "bob1", "bob", b, &format!("Forget that {FACT}")).await;
     assert!(reply(&pool, t)
         .await

@@ -228,14 +228,7 @@ fn tempfile_dir() -> Result<PathBuf> {
 async fn scene(pool: &PgPool) -> Result<String> {
     let sid = format!("demo_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
     let user = "demo_user";
-    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
-        .fetch_one(pool)
-        .await?;
-    let ch: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
-        .bind(user)
-        .bind(eq)
-        .fetch_one(pool)
-        .await?;
+    let ch = demo_character(pool, user).await?;
     for (t, key, value) in [
         ("alliance", "tech_syndicate", "Tech Syndicate partnership"),
         ("debt", "first_bank", "Owes 500 credits to First Bank"),
@@ -262,6 +255,20 @@ async fn scene(pool: &PgPool) -> Result<String> {
         eprintln!("T{} user: {msg}\nT{} reply: {}", i + 1, i + 1, reply.trim());
     }
     Ok(sid)
+}
+
+/// The scenes' character (Captain Vega, with a sword), owned by `user`.
+pub(super) async fn demo_character(pool: &PgPool, user: &str) -> Result<i64> {
+    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
+        .fetch_one(pool)
+        .await?;
+    Ok(
+        sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
+            .bind(user)
+            .bind(eq)
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 pub(super) async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {

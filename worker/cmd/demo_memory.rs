@@ -49,14 +49,7 @@ async fn set_idle(pool: &PgPool, seconds: &str) -> Result<()> {
 }
 
 async fn play(pool: &PgPool) -> Result<String> {
-    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
-        .fetch_one(pool)
-        .await?;
-    let ch: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
-        .bind(USER)
-        .bind(eq)
-        .fetch_one(pool)
-        .await?;
+    let ch = super::demo::demo_character(pool, USER).await?;
     let sid = format!("demo_mem_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
     let mut turns = String::new();
     let first_ms = say(pool, &sid, ch, FIRST[0], &mut turns).await?;

@@ -32,14 +32,7 @@ const SECOND: [(&str, &str); 3] = [
 /// Plays the scene and returns the report to print. The worker runs the turns; the scene
 /// runs the memory and summary lanes itself, so the close can happen on a simulated clock.
 pub async fn scene(pool: &PgPool, settings: &Settings, engine: Arc<Engine>) -> Result<String> {
-    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
-        .fetch_one(pool)
-        .await?;
-    let ch: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
-        .bind(USER)
-        .bind(eq)
-        .fetch_one(pool)
-        .await?;
+    let ch = super::demo::demo_character(pool, USER).await?;
     let stamp = Utc::now().format("%Y%m%d%H%M%S");
     let (s1, s2) = (
         format!("demo_recall_{stamp}_1"),
