@@ -995,22 +995,25 @@ async fn compacting_a_chat_session_moves_the_boundary_and_keeps_messages(pool: P
     assert!(ctx.recent_history.iter().all(|e| e.token_count.is_some()));
 
     // A cold start re-reads the recap, then only what lies past the boundary.
-    let rows: Vec<(String, String)> = sqlx::query_as(RECENT_HISTORY)
+    // (turn id, user text, reply text); the recap is turn 0.
+    let rows: Vec<(i64, String, String)> = sqlx::query_as(RECENT_HISTORY)
         .bind(&sid)
         .bind(200_i64)
         .fetch_all(&pool)
         .await
         .unwrap();
     assert_eq!(rows.len(), 16, "recap + exchanges 14..=28");
+    assert_eq!(rows[0].0, 0);
     assert_eq!(
-        rows[0].1,
+        rows[0].2,
         format!("Earlier in this conversation: {}", ctx.long_term_summary)
     );
     assert_eq!(
-        rows[1],
-        ("question 14".to_string(), "answer 14".to_string())
+        (rows[1].1.as_str(), rows[1].2.as_str()),
+        ("question 14", "answer 14")
     );
-    assert_eq!(rows[15].0, "question 28");
+    assert!(rows[1].0 > 0);
+    assert_eq!(rows[15].1, "question 28");
 
     // No new job until 50 more entries pile up past the new boundary.
     for i in 29..=32 {
