@@ -115,13 +115,6 @@ impl<'e, 'c> KvSession<'e, 'c> {
         Ok(())
     }
 
-    /// Sets the tag of the newest segment (an exchange learns its turn id once it is whole).
-    pub fn tag_last(&mut self, tag: &str) {
-        if let Some(last) = self.segments.last_mut() {
-            last.tag = tag.to_string();
-        }
-    }
-
     fn decode(&mut self, tokens: &[LlamaToken]) -> Result<()> {
         if tokens.is_empty() {
             return Ok(());
