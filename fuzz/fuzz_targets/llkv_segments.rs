@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let sum = text
         .split(',')
         .filter_map(|item| item.split_once(':'))
-        .filter_map(|(_, n)| n.parse::<u32>().ok())
+        .filter_map(|(_, n)| n.split('@').next()?.parse::<u32>().ok())
         .fold(0u32, u32::wrapping_add);
     kvmem_fuzz::check_segments(&text, sum);
 });

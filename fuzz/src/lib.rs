@@ -99,7 +99,13 @@ fn render_segments(segs: &[Segment]) -> String {
                 SegKind::Context => 'C',
                 SegKind::Recall => 'M',
             };
-            format!("{code}:{}", s.len)
+            // Written here, not with the worker's renderer, so the round trip checks
+            // the parser against an independent reading of the table's grammar.
+            if s.tag.is_empty() {
+                format!("{code}:{}", s.len)
+            } else {
+                format!("{code}:{}@{}", s.len, s.tag)
+            }
         })
         .collect::<Vec<_>>()
         .join(",")
