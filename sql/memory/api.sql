@@ -55,3 +55,48 @@ BEGIN
     RETURN job;
 END;
 $$;
+
+-- Seed 002's memoryLine: a line a character's reply asked to keep about the shared story.
+-- The worker calls this inside the turn's completion with the turn's own user, character
+-- and assistant message id; the lane screens, grounds and stores it under `__lore__`.
+CREATE OR REPLACE FUNCTION kvmem_remember_line(
+    p_user text, p_character bigint, p_text text, p_message_id text
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    job bigint;
+BEGIN
+    PERFORM kvmem_memory_check(p_user, p_text);
+    INSERT INTO memory_jobs (user_id, character_id, kind, payload)
+    VALUES (p_user, p_character, 'line',
+            jsonb_build_object('text', btrim(p_text), 'message_id', p_message_id))
+    RETURNING id INTO job;
+    PERFORM pg_notify('kvmem_memory', job::text);
+    RETURN job;
+END;
+$$;
+
+-- Seed 004's "remember this about Florent" with no fact given: the lane summarises what
+-- the session's recent messages (up to turn p_turn) say about the person and remembers
+-- that like an explicit remember. The job's result says what was stored.
+CREATE OR REPLACE FUNCTION kvmem_remember_about(
+    p_user text, p_character bigint, p_name text, p_session text, p_turn bigint
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    job bigint;
+BEGIN
+    IF p_user IS NULL OR btrim(p_user) = '' THEN
+        RAISE EXCEPTION 'user_id must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF p_name IS NULL OR length(btrim(p_name)) < 2 OR length(p_name) > 80 THEN
+        RAISE EXCEPTION 'name must have 2 to 80 characters' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO memory_jobs (user_id, character_id, kind, payload)
+    VALUES (p_user, p_character, 'remember_about',
+            jsonb_build_object('name', btrim(p_name), 'session_id', p_session, 'turn_id', p_turn))
+    RETURNING id INTO job;
+    PERFORM pg_notify('kvmem_memory', job::text);
+    RETURN job;
+END;
+$$;

@@ -1,7 +1,8 @@
 -- Memory views for backends and ops. Re-created by `kvmem migrate`; all read-only.
 -- Filter by user_id (a hard wall) and, for a character, by
 -- `character_id = X OR character_id IS NULL`.
-DROP VIEW IF EXISTS kvmem_memories, kvmem_memory_cards, kvmem_memory_history, kvmem_memory_lane;
+DROP VIEW IF EXISTS kvmem_memories, kvmem_memory_cards, kvmem_memory_history, kvmem_memory_lane,
+    kvmem_todos, kvmem_open_todos;
 
 -- Current, active facts (what retrieval sees by default).
 CREATE VIEW kvmem_memories AS
@@ -44,3 +45,18 @@ SELECT j.kind, j.state, count(*)::bigint AS jobs,
        (SELECT coalesce(sum(dropped), 0) FROM memory_job_drops)::bigint AS dropped_total
   FROM memory_jobs j
  GROUP BY j.kind, j.state;
+
+-- Seed 001's todos, every status, newest first. A todo is persona-scoped: filter by
+-- user_id AND character_id (there is no character_id IS NULL row to fall back to).
+CREATE VIEW kvmem_todos AS
+SELECT id, user_id, character_id, kind, text, status, due_date, source_message_ids,
+       closed_by_message_id, closed_evidence, created_at, updated_at, closed_at
+  FROM todos
+ ORDER BY user_id, character_id, created_at DESC, id DESC;
+
+-- What a character's context shows: the open todos with one user, due first.
+CREATE VIEW kvmem_open_todos AS
+SELECT id, user_id, character_id, kind, text, due_date, source_message_ids, created_at
+  FROM todos
+ WHERE status = 'open'
+ ORDER BY user_id, character_id, due_date NULLS LAST, created_at, id;

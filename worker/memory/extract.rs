@@ -551,6 +551,39 @@ impl Extractor {
     }
 }
 
+impl Extractor {
+    /// Seed 004's "remember this about X": one third-person sentence about `name` from
+    /// what the user said about them. Greedy, one line; the caller grounds it.
+    pub fn summarize_about(
+        &self,
+        ctx: &mut LlamaContext<'_>,
+        name: &str,
+        said: &str,
+    ) -> Result<String, ExtractError> {
+        let user = format!(
+            "Person: {name}\nWhat the user said: {}\nFact:",
+            clean_text(said)
+        );
+        let (out, _) = generate(
+            &self.engine,
+            ctx,
+            ABOUT_SYSTEM,
+            &user,
+            Some(ABOUT_GRAMMAR),
+            96,
+        )?;
+        Ok(clean_text(&out))
+    }
+}
+
+const ABOUT_SYSTEM: &str = "You write one short fact about a person, in the third person, using \
+the person's name and only words from what the user said. Answer with the fact only.";
+
+/// One sentence, no line breaks or quotes.
+const ABOUT_GRAMMAR: &str = r#"
+root ::= [A-Z] [^\n"]{8,300} "."
+"#;
+
 /// See [`Extractor::merge_blob`].
 pub fn merge_blob(
     engine: &Engine,

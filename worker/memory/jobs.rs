@@ -8,7 +8,7 @@ use sqlx::Row;
 
 use super::search::{content_words, message_key, overlap};
 use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use super::{embed, event, MemoryError, MemoryService, Result};
+use super::{about, embed, event, lore, todos, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;
@@ -78,6 +78,8 @@ pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
         "ingest" => ingest(svc, row.get("memory_message_id")).await,
         "remember" => remember(svc, &scope, &payload).await,
         "forget" => forget(svc, &scope, &payload).await,
+        "line" => lore::remember_line(svc, &scope, &payload).await,
+        "remember_about" => about::remember_about(svc, &scope, &payload).await,
         other => Err(MemoryError::Invalid(format!("unknown job kind {other}"))),
     };
     let outcome = match res {
@@ -155,13 +157,20 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
             result["embed_skipped"] = json!("no embedder");
         }
     }
-    let Some(extractor) = svc.extractor.clone() else {
-        return Ok(result);
-    };
-    // Facts come from what the user said, not from the character's replies.
+    // Facts and todos come from what the user said, not from the character's replies.
     if speaker == "assistant" {
         return Ok(result);
     }
+    let message_id: String = m.get("message_id");
+    // Todos are persona-scoped: a message said to no character makes none.
+    if let Some(character) = m.get::<Option<i64>, _>("character_id") {
+        let at = m.get("at");
+        let applied = todos::apply(&svc.pool, &user, character, &message_id, &text, at).await?;
+        result["todos"] = json!(applied);
+    }
+    let Some(extractor) = svc.extractor.clone() else {
+        return Ok(result);
+    };
     let (sp, tx) = (speaker.clone(), cleaned.clone());
     let facts = match tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await {
         Ok(Ok(f)) => f,
@@ -182,7 +191,6 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
             return Ok(result);
         }
     };
-    let message_id: String = m.get("message_id");
     let mut stored = 0;
     for f in facts.into_iter().take(MAX_FACTS_PER_MESSAGE) {
         let mut nm = NewMemory::new(&user, f.kind, f.fact_type, &f.text, Source::Extraction);
@@ -259,7 +267,7 @@ fn split_punct(w: &str) -> (&str, &str) {
     (&w[..end], &w[end..])
 }
 
-async fn rebuild_blob(svc: &MemoryService, scope: &Scope) -> Result<String> {
+pub(super) async fn rebuild_blob(svc: &MemoryService, scope: &Scope) -> Result<String> {
     let facts: Vec<String> =
         sqlx::query_scalar(include_str!("../../sql/memory/explicit_facts.sql"))
             .bind(&scope.user_id)

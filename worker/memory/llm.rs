@@ -10,7 +10,16 @@ use super::{ExtractedFact, Extractor};
 use crate::engine::{Engine, EngineParams};
 
 type Reply = std::result::Result<Vec<ExtractedFact>, String>;
-type Job = (String, String, mpsc::Sender<Reply>);
+
+/// Work for the model's thread.
+enum Job {
+    Extract(String, String, mpsc::Sender<Reply>),
+    About(
+        String,
+        String,
+        mpsc::Sender<std::result::Result<String, String>>,
+    ),
+}
 
 /// An extraction model on its own thread.
 pub struct LlmExtractor {
@@ -38,12 +47,22 @@ impl LlmExtractor {
                         return;
                     }
                 };
-                for (speaker, text, reply) in rx {
-                    let result = extractor
-                        .extract(&mut ctx, &speaker, &text)
-                        .map(|ex| ex.facts.into_iter().map(stored_form).collect())
-                        .map_err(|e| e.to_string());
-                    let _ = reply.send(result);
+                for job in rx {
+                    match job {
+                        Job::Extract(speaker, text, reply) => {
+                            let result = extractor
+                                .extract(&mut ctx, &speaker, &text)
+                                .map(|ex| ex.facts.into_iter().map(stored_form).collect())
+                                .map_err(|e| e.to_string());
+                            let _ = reply.send(result);
+                        }
+                        Job::About(name, said, reply) => {
+                            let result = extractor
+                                .summarize_about(&mut ctx, &name, &said)
+                                .map_err(|e| e.to_string());
+                            let _ = reply.send(result);
+                        }
+                    }
                 }
             })
             .map_err(|e| e.to_string())?;
@@ -56,16 +75,30 @@ impl LlmExtractor {
     }
 }
 
-impl Extractor for LlmExtractor {
-    fn extract(&self, speaker: &str, text: &str) -> Reply {
+impl LlmExtractor {
+    /// Hands `job` to the model's thread and waits for its answer.
+    fn ask<T>(
+        &self,
+        job: impl FnOnce(mpsc::Sender<Result<T, String>>) -> Job,
+    ) -> Result<T, String> {
         let (tx, rx) = mpsc::channel();
         self.jobs
             .lock()
             .map_err(|_| "extraction queue poisoned".to_string())?
-            .send((speaker.to_string(), text.to_string(), tx))
+            .send(job(tx))
             .map_err(|_| "extraction thread is gone".to_string())?;
         rx.recv()
             .map_err(|_| "extraction thread stopped".to_string())?
+    }
+}
+
+impl Extractor for LlmExtractor {
+    fn extract(&self, speaker: &str, text: &str) -> Reply {
+        self.ask(|tx| Job::Extract(speaker.to_string(), text.to_string(), tx))
+    }
+
+    fn summarize_about(&self, name: &str, said: &str) -> Result<String, String> {
+        self.ask(|tx| Job::About(name.to_string(), said.to_string(), tx))
     }
 }
 

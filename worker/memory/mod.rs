@@ -6,8 +6,10 @@
 //! Layout: [`store`] (facts, keys, history, archiving, aliases), [`embed`] (MiniLM on
 //! llama.cpp), [`search`] and [`rank`] (hybrid retrieval), [`cards`] (entity cards and
 //! foundation memories), [`import`] (bulk history), [`jobs`] (the memory lane,
-//! remember/forget), [`render`] (journal and MEMORY.md), [`cli`] and [`http`].
+//! remember/forget), [`todos`] (seed 001's persona-scoped open loops), [`lore`] (memory
+//! lines), [`about`] (remember this about X), [`render`] (journal and MEMORY.md), [`cli`] and [`http`].
 
+pub mod about;
 pub mod cards;
 pub mod cli;
 pub mod embed;
@@ -17,11 +19,13 @@ pub mod http;
 pub mod import;
 pub mod jobs;
 pub mod llm;
+pub mod lore;
 pub mod rank;
 pub mod render;
 pub mod search;
 pub mod store;
 pub mod timeq;
+pub mod todos;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -116,6 +120,13 @@ pub struct ExtractedFact {
 pub trait Extractor: Send + Sync {
     fn extract(&self, speaker: &str, text: &str)
         -> std::result::Result<Vec<ExtractedFact>, String>;
+
+    /// Seed 004's "remember this about X": one third-person fact about `name` from what
+    /// the user said (`said`). The caller checks it against `said` before storing it.
+    fn summarize_about(&self, name: &str, said: &str) -> std::result::Result<String, String> {
+        let _ = (name, said);
+        Err("this extractor does not summarise".into())
+    }
 }
 
 /// The memory service a llama worker runs its memory lane with: the embedder, and the

@@ -243,7 +243,7 @@ pub fn content_words(text: &str) -> Vec<String> {
 }
 
 /// Light stemming so "hiking" meets "hike" in seed 002's overlap score.
-fn stem(w: &str) -> &str {
+pub fn stem(w: &str) -> &str {
     for suf in ["ing", "ed", "es", "s"] {
         if w.len() > suf.len() + 2 {
             if let Some(s) = w.strip_suffix(suf) {

@@ -19,7 +19,13 @@ pub enum Command {
     Remember(String),
     Forget(String),
     WhatAbout(String),
+    /// "Remember this about Florent": a name and no fact; the fact comes from the
+    /// conversation so far.
+    RememberAbout(String),
 }
+
+/// Longest name "remember this about" takes, in words ("my brother Tom" is three).
+const MAX_NAME_WORDS: usize = 4;
 
 /// Polite openers a command may follow ("please remember that …", "hey, forget that …").
 const OPENERS: &[&str] = &["please ", "hey, ", "hey ", "ok, ", "okay, ", "and "];
@@ -51,6 +57,14 @@ pub fn parse(message: &str) -> Option<Command> {
     };
     let question = text.ends_with('?');
     if !question {
+        for phrase in ["remember this about ", "remember what i said about "] {
+            if let Some(name) = take(phrase) {
+                // A name, not a clause: "remember this about Tom: he moved" is not this.
+                let words = name.split_whitespace().count();
+                return (words <= MAX_NAME_WORDS && !name.contains([':', ',', ';']))
+                    .then_some(Command::RememberAbout(name));
+            }
+        }
         if let Some(b) = take("remember that ") {
             return Some(Command::Remember(b));
         }
@@ -116,6 +130,10 @@ pub async fn carry_out(
             };
             (prefix, Vec::new())
         }
+        Command::RememberAbout(name) => (
+            format!("Noted. I'll remember what you told me about {name}. "),
+            vec![MemoryOp::RememberAbout(name)],
+        ),
         // Too long for the memory API: an ordinary message.
         Command::Remember(_) | Command::Forget(_) => (String::new(), Vec::new()),
     }
@@ -165,6 +183,25 @@ mod tests {
             parse("Hey, what do you remember about the trip"),
             Some(Command::WhatAbout("the trip".into()))
         );
+    }
+
+    #[test]
+    fn remember_this_about_takes_a_name_only() {
+        assert_eq!(
+            parse("Remember this about Florent"),
+            Some(Command::RememberAbout("Florent".into()))
+        );
+        assert_eq!(
+            parse("please remember what I said about my brother Tom."),
+            Some(Command::RememberAbout("my brother Tom".into()))
+        );
+        for text in [
+            "Remember this about Florent: he moved to Lyon",
+            "remember this about the time we all went to the lake together",
+            "Remember this about Florent?",
+        ] {
+            assert_eq!(parse(text), None, "{text}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::token::LlamaToken;
 
 use super::history;
+use super::memory_line;
 use super::recall::{ContextBlock, RecallItem};
 use crate::context::digest;
 use crate::engine::{Engine, GenStats, KvSession};
@@ -69,6 +70,8 @@ pub enum KvOutcome {
 #[derive(Debug)]
 pub struct TurnRun {
     pub reply: String,
+    /// The line the reply's hidden tail asked to keep (already cut off `reply`).
+    pub memory_line: Option<String>,
     pub token_ids: Vec<i32>,
     pub segments: Vec<snapshot::Segment>,
     pub state: Option<Vec<u8>>,
@@ -203,17 +206,30 @@ pub fn run_in_context(
     let generated = session.generate(job.reply_max, abort, &mut stats)?;
     let reply = [&blocks.prefix[..], &generated[..]].concat();
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
+    // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored.
+    let hidden = memory_line::split(&engine.detokenize(&reply));
+    let kept = hidden
+        .stripped
+        .then(|| engine.tokenize_plain(&hidden.reply));
 
     // 5. The HUD is ephemeral; the exchange stays, within the tail.
     let redecode_started = Instant::now();
-    settle(&mut session, hud_start, &blocks, job.tail, job.turn_id)?;
+    settle(
+        &mut session,
+        hud_start,
+        &blocks,
+        kept,
+        job.tail,
+        job.turn_id,
+    )?;
     stats.redecode_ms = redecode_started.elapsed().as_millis() as u64;
 
     let state = job.export.then(|| session.export_state());
     let digest = injected.digest;
     let digest_injected = digest.is_some();
     Ok(KvOutcome::Ran(Box::new(TurnRun {
-        reply: engine.detokenize(&reply),
+        reply: hidden.reply,
+        memory_line: hidden.line,
         token_ids: session.token_ids(),
         segments: session.segments().to_vec(),
         state,
@@ -270,16 +286,21 @@ fn lay_back(
 /// Step 5's KV half. The HUD leaves the KV, and the exchange (message, reply, close) is
 /// decoded again without it, as one segment, after a prune when the tail needs one: the
 /// saved KV is then exactly what a cold start decodes from the same tokens
-/// ([`history::decode_exact`]).
+/// ([`history::decode_exact`]). `stored_reply` replaces the generated reply when the
+/// stored one differs (a memory-line tail was cut off), so the KV never holds the tail.
 fn settle(
     session: &mut KvSession,
     hud_start: u32,
     blocks: &Blocks,
+    stored_reply: Option<Vec<LlamaToken>>,
     tail: u32,
     turn_id: i64,
 ) -> Result<(), TurnError> {
     let hud_end = hud_start as usize + blocks.hud.len();
-    let exchange = [&session.tokens()[hud_end..], &blocks.close[..]].concat();
+    let exchange = match stored_reply {
+        Some(reply) => [&blocks.user[..], &reply[..], &blocks.close[..]].concat(),
+        None => [&session.tokens()[hud_end..], &blocks.close[..]].concat(),
+    };
     session.truncate_tail(hud_start)?;
     let room = exchange.len() as u32;
     if session.len() + room > tail {

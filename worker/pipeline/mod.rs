@@ -9,6 +9,7 @@ pub mod commands;
 pub mod history;
 pub mod kv;
 mod load;
+pub mod memory_line;
 pub mod recall;
 mod save;
 
@@ -166,6 +167,8 @@ impl TurnPipeline {
             log.save_ms = saved_at.elapsed().as_millis() as u64;
         }
         let run = *run;
+        let mut memory_ops = inputs.memory_ops;
+        memory_ops.extend(run.memory_line.map(MemoryOp::Line));
         Ok(TurnOutput {
             reply: run.reply,
             log,
@@ -175,7 +178,7 @@ impl TurnPipeline {
                 segments: run.segments,
                 digest_version: run.kv_digest_version,
             }),
-            memory_ops: inputs.memory_ops,
+            memory_ops,
         })
     }
 

@@ -184,24 +184,32 @@ pub struct ContextParts {
     pub user_context: String,
     /// The user's spine (PROFILE / PROJECTS / PEOPLE / OPEN_LOOPS).
     pub spine: String,
+    /// Seed 001's open todos with this character, in the user's words.
+    pub todos: String,
 }
 
 /// Reads the stored parts for the turn's user and character. Nothing is computed here:
 /// the summary lane made them when the last session closed.
 pub async fn context_parts(pool: &PgPool, turn: &ClaimedTurn) -> Result<ContextParts, sqlx::Error> {
-    let row: Option<(Option<serde_json::Value>, Option<String>, Option<String>)> =
-        sqlx::query_as(include_str!("../../sql/turn/context_parts.sql"))
-            .bind(&turn.user_id)
-            .bind(turn.character_id)
-            .fetch_optional(pool)
-            .await?;
-    let Some((summary, user_context, spine)) = row else {
+    type Row = (
+        Option<serde_json::Value>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let row: Option<Row> = sqlx::query_as(include_str!("../../sql/turn/context_parts.sql"))
+        .bind(&turn.user_id)
+        .bind(turn.character_id)
+        .fetch_optional(pool)
+        .await?;
+    let Some((summary, user_context, spine, todos)) = row else {
         return Ok(ContextParts::default());
     };
     Ok(ContextParts {
         last_session: summary.as_ref().map(session_line).unwrap_or_default(),
         user_context: user_context.unwrap_or_default().trim().to_string(),
         spine: spine.unwrap_or_default().trim().to_string(),
+        todos: todos.unwrap_or_default().trim().to_string(),
     })
 }
 
@@ -238,7 +246,8 @@ fn session_line(v: &serde_json::Value) -> String {
 }
 
 /// The context block within `max` tokens. Parts are labelled and kept in priority order:
-/// the last session first, then the user context, then the spine; a part that does not
+/// the last session first, then the open todos with this character, then the user
+/// context, then the spine; a part that does not
 /// fit whole is cut at a word and the rest is left out.
 pub fn context_block(
     parts: &ContextParts,
@@ -247,6 +256,7 @@ pub fn context_block(
 ) -> ContextBlock {
     let labelled = [
         ("Last session", &parts.last_session),
+        ("Open with you", &parts.todos),
         ("What you know of them", &parts.user_context),
         ("Their profile", &parts.spine),
     ];
@@ -300,8 +310,12 @@ mod tests {
             last_session: "They planned a trip to Porto.".into(),
             user_context: "They live with their sister Maya in Lisbon and like trains.".into(),
             spine: "PROFILE: teacher".into(),
+            todos: "I'll call Maya on Friday (due 2026-11-27)".into(),
         };
         let all = context_block(&parts, 100, &words);
+        assert!(all
+            .content
+            .contains("\nOpen with you: I'll call Maya on Friday"));
         assert!(all.content.starts_with("Last session: They planned"));
         assert!(all.content.contains("Their profile: PROFILE: teacher"));
         assert_eq!(all.version.len(), 64);

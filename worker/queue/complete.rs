@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use super::{insert_log_rows, ClaimedTurn, QueueError, Result};
 use crate::snapshot::render_segments;
-use crate::turn::{MemoryOp, TurnOutput};
+use crate::turn::TurnOutput;
 
 /// A finished turn waiting to be committed.
 #[derive(Debug, Clone)]
@@ -130,10 +130,7 @@ fn memory_ops(batch: &[Completion]) -> Vec<serde_json::Value> {
         .iter()
         .flat_map(|c| {
             c.output.memory_ops.iter().map(|op| {
-                let (kind, text) = match op {
-                    MemoryOp::Remember(t) => ("remember", t),
-                    MemoryOp::Forget(t) => ("forget", t),
-                };
+                let (kind, text) = op.as_job();
                 serde_json::json!({"turn_id": c.turn.id.0, "kind": kind, "text": text})
             })
         })

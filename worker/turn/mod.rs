@@ -65,11 +65,28 @@ pub struct TurnOutput {
     pub memory_ops: Vec<MemoryOp>,
 }
 
-/// A remember or forget the turn's message asked for.
+/// Memory work a turn asks for: the user's in-chat commands, and the character's own
+/// memory line from the reply's hidden tail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemoryOp {
     Remember(String),
     Forget(String),
+    /// "Remember this about X": the name; the lane summarises the session's recent messages.
+    RememberAbout(String),
+    /// The line the reply asked to keep (seed 002's memoryLine), already stripped from it.
+    Line(String),
+}
+
+impl MemoryOp {
+    /// The kind `sql/queue/memory_ops.sql` queues it as, and its text.
+    pub fn as_job(&self) -> (&'static str, &str) {
+        match self {
+            MemoryOp::Remember(t) => ("remember", t),
+            MemoryOp::Forget(t) => ("forget", t),
+            MemoryOp::RememberAbout(t) => ("about", t),
+            MemoryOp::Line(t) => ("line", t),
+        }
+    }
 }
 
 /// The exact token sequence and segment table the session's KV holds after a turn (pruned,

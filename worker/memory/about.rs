@@ -1,0 +1,217 @@
+//! Seed 004's "remember this about Florent" with no fact given: what the user said about
+//! the person in the recent conversation becomes one third-person fact, remembered like
+//! an explicit remember (pinned, merged into the blob). The extraction model summarises
+//! when it is loaded; its summary is kept only when it passes the grounding filter
+//! against those messages, and otherwise (or without a model) the user's own sentences
+//! about the person are rewritten in the third person.
+
+use serde_json::json;
+use sqlx::Row;
+
+use super::filters::{check_fact, Verdict};
+use super::jobs::{rebuild_blob, third_person};
+use super::search::content_words;
+use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
+use super::{MemoryError, MemoryService, Result};
+
+/// How far back "the recent conversation" goes, in the user's messages.
+pub const WINDOW_MESSAGES: i64 = 20;
+/// Longest fact stored.
+pub const MAX_FACT_CHARS: usize = 400;
+
+const PRONOUNS: [&str; 6] = ["he", "she", "they", "his", "her", "their"];
+
+/// The user's sentences about `name` in `messages` (oldest first): sentences naming them,
+/// and sentences that go on about them with a pronoun right after one that did.
+pub fn sentences_about(name: &str, messages: &[String]) -> Vec<String> {
+    let keys: Vec<String> = name_words(name);
+    let mut out = Vec::new();
+    let mut following = false;
+    for m in messages {
+        for s in m.split_inclusive(['.', '!', '?', '\n']) {
+            let s = s.trim();
+            if s.is_empty() {
+                continue;
+            }
+            let words = content_words(s);
+            let names_them = keys.iter().any(|k| words.contains(k));
+            let first = s
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_lowercase();
+            if names_them || (following && PRONOUNS.contains(&first.as_str())) {
+                out.push(s.to_string());
+                following = true;
+            } else {
+                following = false;
+            }
+        }
+    }
+    out
+}
+
+/// The words that identify the person: the capitalised ones ("my brother Tom" → tom), or
+/// every content word when none is.
+fn name_words(name: &str) -> Vec<String> {
+    let caps: Vec<String> = name
+        .split_whitespace()
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .flat_map(content_words)
+        .collect();
+    if caps.is_empty() {
+        content_words(name)
+    } else {
+        caps
+    }
+}
+
+/// The sentences in the third person, a leading pronoun replaced by the name.
+pub fn rewrite(name: &str, sentences: &[String]) -> String {
+    let person = name_words(name)
+        .first()
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
+                .unwrap_or_default()
+        })
+        .unwrap_or_else(|| name.to_string());
+    let text = sentences
+        .iter()
+        .map(|s| {
+            let (first, rest) = s.split_once(' ').unwrap_or((s, ""));
+            let s = if PRONOUNS[..3].contains(&first.to_lowercase().as_str()) {
+                format!("{person} {rest}")
+            } else {
+                s.clone()
+            };
+            let t = third_person(&s);
+            if t.ends_with(['.', '!', '?']) {
+                t
+            } else {
+                format!("{t}.")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    text.chars().take(MAX_FACT_CHARS).collect()
+}
+
+/// Runs a `remember_about` job.
+pub async fn remember_about(
+    svc: &MemoryService,
+    scope: &Scope,
+    payload: &serde_json::Value,
+) -> Result<serde_json::Value> {
+    let name = payload["name"]
+        .as_str()
+        .ok_or_else(|| MemoryError::Invalid("remember_about job without a name".into()))?;
+    let session = payload["session_id"].as_str().unwrap_or_default();
+    let turn = payload["turn_id"].as_i64().unwrap_or(0);
+    let rows = sqlx::query(include_str!("../../sql/memory/about_window.sql"))
+        .bind(&scope.user_id)
+        .bind(session)
+        .bind(turn)
+        .bind(WINDOW_MESSAGES)
+        .fetch_all(&svc.pool)
+        .await?;
+    // Oldest first, so pronouns follow the sentence that named the person.
+    let (ids, texts): (Vec<String>, Vec<String>) = rows
+        .iter()
+        .rev()
+        .map(|r| (r.get::<String, _>("message_id"), r.get::<String, _>("text")))
+        .unzip();
+    let said = sentences_about(name, &texts);
+    if said.is_empty() {
+        return Ok(json!({
+            "stored": false,
+            "reason": format!("nothing about {name} in the last {} messages", texts.len()),
+        }));
+    }
+    let evidence = said.join(" ");
+    let mut method = "sentences";
+    let mut fact = rewrite(name, &said);
+    if let Some(ex) = svc.extractor.clone() {
+        let (n, e) = (name.to_string(), evidence.clone());
+        if let Ok(Ok(summary)) =
+            tokio::task::spawn_blocking(move || ex.summarize_about(&n, &e)).await
+        {
+            let mentions = name_words(name)
+                .iter()
+                .any(|k| content_words(&summary).contains(k));
+            if let Verdict::Accepted(c) = check_fact(&summary, "relationship", None, &evidence) {
+                if mentions {
+                    fact = c.text;
+                    method = "model";
+                }
+            }
+        }
+    }
+    let used: Vec<String> = ids
+        .into_iter()
+        .zip(&texts)
+        .filter(|(_, t)| said.iter().any(|s| t.contains(s.as_str())))
+        .map(|(id, _)| id)
+        .collect();
+    let mut m = NewMemory::new(
+        &scope.user_id,
+        Kind::People,
+        FactType::Relationship,
+        &fact,
+        Source::Explicit,
+    );
+    m.character_id = scope.character_id;
+    m.guild_id = scope.guild_id.clone();
+    m.pinned = true;
+    m.confidence = 1.0;
+    m.evidence_text = Some(evidence.chars().take(MAX_FACT_CHARS).collect());
+    m.source_message_ids = used.clone();
+    m.entity_refs = name_words(name)
+        .first()
+        .map(|w| vec![format!("person:{w}")])
+        .unwrap_or_default();
+    if let Some(v) = svc.embed(vec![m.embed_text()]).await {
+        m.embedding = v.into_iter().next();
+        m.embed_model = svc.model_name().map(str::to_string);
+    }
+    let up = store::upsert(&svc.pool, m).await?;
+    let blob = rebuild_blob(svc, scope).await?;
+    Ok(json!({
+        "stored": true,
+        "memory_id": up.id(),
+        "text": fact,
+        "method": method,
+        "from_messages": used,
+        "blob": blob,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentences_follow_the_person_through_pronouns() {
+        let msgs = vec![
+            "My friend Florent moved to Montreal. He bakes bread there. The weather is cold."
+                .to_string(),
+            "Anyway, I like tea.".to_string(),
+            "Florent also plays the cello.".to_string(),
+        ];
+        let said = sentences_about("Florent", &msgs);
+        assert_eq!(
+            said,
+            vec![
+                "My friend Florent moved to Montreal.",
+                "He bakes bread there.",
+                "Florent also plays the cello."
+            ]
+        );
+        assert_eq!(
+            rewrite("Florent", &said),
+            "The user's friend Florent moved to Montreal. Florent bakes bread there. Florent also plays the cello."
+        );
+        assert!(sentences_about("Priya", &msgs).is_empty());
+    }
+}
