@@ -454,3 +454,88 @@ async fn cli_refuses_b_and_serve_guards_itself(pool: PgPool) {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("worker"), "{err}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn todos_are_walled_by_user_and_character(pool: PgPool) {
+    let f = fixture(&pool).await;
+    let url = db_url(&pool).await;
+    let at = chrono::Utc::now();
+    let made = kvmem::memory::todos::apply(
+        &pool,
+        "alice",
+        f.a_char,
+        "turn:1:user",
+        "I'll open the vault with code 7319 tomorrow",
+        at,
+    )
+    .await
+    .unwrap();
+    assert_eq!(made.created.len(), 1, "{made:?}");
+
+    // B saying the closing words, even naming A's character, closes nothing of A's.
+    let b_closes = kvmem::memory::todos::apply(
+        &pool,
+        "bob",
+        f.a_char,
+        "turn:9:user",
+        "I opened the vault with code 7319",
+        at,
+    )
+    .await
+    .unwrap();
+    assert!(b_closes.closed.is_empty(), "{b_closes:?}");
+    let status: String = sqlx::query_scalar("SELECT status FROM todos WHERE id = $1")
+        .bind(made.created[0])
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "open");
+
+    // HTTP: A reads A's own todo; B with A's character or B's own gets an empty list.
+    let server = serve(&pool, settings(json!({})), false).await;
+    let client = reqwest::Client::new();
+    let get = |user: &str, ch: i64| {
+        client
+            .get(format!(
+                "{}/v1/memory/todos?user={user}&character={ch}&all=true",
+                server.base
+            ))
+            .send()
+    };
+    let mine: Value = get("alice", f.a_char).await.unwrap().json().await.unwrap();
+    assert!(
+        mine.to_string().contains("7319"),
+        "A reads A's todo: {mine}"
+    );
+    for ch in [f.a_char, f.b_char] {
+        let r = get("bob", ch).await.unwrap();
+        assert_eq!(r.status(), 200);
+        let body: Value = r.json().await.unwrap();
+        assert_no_leak("todos over HTTP as B", &body.to_string(), &f);
+        assert_eq!(body["todos"], json!([]), "{body}");
+    }
+
+    // CLI: the same wall.
+    let cli = |user: &str, ch: i64| {
+        kvmem_command(&url)
+            .args([
+                "memory",
+                "todos",
+                "--user",
+                user,
+                "--character",
+                &ch.to_string(),
+            ])
+            .args(["--all", "--json"])
+            .output()
+            .unwrap()
+    };
+    let out = cli("alice", f.a_char);
+    assert_success(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("7319"));
+    let out = cli("bob", f.a_char);
+    assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_no_leak("todos CLI as B", &stdout, &f);
+    assert_eq!(stdout.trim(), "[]");
+}

@@ -1,5 +1,5 @@
-//! `/v1/memory/*`: the long-term memory's search, snapshot and refresh, and the summaries a
-//! new session starts from, behind the server's auth and scoped to the asking user.
+//! `/v1/memory/*`: the long-term memory's search, snapshot and refresh, the todos, and the
+//! summaries a new session starts from, behind the server's auth and scoped to the asking user.
 
 use std::sync::Arc;
 
@@ -66,4 +66,14 @@ pub(super) async fn memory_summary(
 ) -> Result<Response, ApiError> {
     let context = crate::summary::session_context::load(&state.pool, &p.user, p.character).await?;
     Ok(Json(context).into_response())
+}
+
+/// `GET /v1/memory/todos?user=&character=&all=`: the caller's todos with one of their
+/// characters (an empty list for a character they never spoke to).
+pub(super) async fn memory_todos(
+    State(state): State<AppState>,
+    Query(p): Query<crate::memory::http::TodoParams>,
+) -> Result<Response, ApiError> {
+    let todos = crate::memory::http::todos(state.pool.clone(), p).await?;
+    Ok(Json(todos).into_response())
 }

@@ -31,7 +31,7 @@ mod ops;
 use chat::chat;
 use error::ApiError;
 use hint::rotate_hint;
-use memory::{memory_refresh, memory_search, memory_snapshot, memory_summary};
+use memory::{memory_refresh, memory_search, memory_snapshot, memory_summary, memory_todos};
 use ops::{info, metrics};
 
 /// What the server needs; cheap to clone.
@@ -87,6 +87,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/memory", get(memory_snapshot))
         .route("/v1/memory/refresh", post(memory_refresh))
         .route("/v1/memory/summary", get(memory_summary))
+        .route("/v1/memory/todos", get(memory_todos))
         .layer(DefaultBodyLimit::max(state.settings.http_max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))

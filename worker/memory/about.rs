@@ -132,21 +132,35 @@ pub async fn remember_about(
     let evidence = said.join(" ");
     let mut method = "sentences";
     let mut fact = rewrite(name, &said);
+    // What the model proposed and why it was not kept, for the job's result.
+    let mut model = serde_json::Value::Null;
     if let Some(ex) = svc.extractor.clone() {
         let (n, e) = (name.to_string(), evidence.clone());
-        if let Ok(Ok(summary)) =
-            tokio::task::spawn_blocking(move || ex.summarize_about(&n, &e)).await
-        {
-            let mentions = name_words(name)
-                .iter()
-                .any(|k| content_words(&summary).contains(k));
-            if let Verdict::Accepted(c) = check_fact(&summary, "relationship", None, &evidence) {
-                if mentions {
-                    fact = c.text;
-                    method = "model";
+        let answer = tokio::task::spawn_blocking(move || ex.summarize_about(&n, &e))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        model = match answer {
+            Err(e) => json!({"error": e}),
+            Ok(summary) => {
+                let mentions = name_words(name)
+                    .iter()
+                    .any(|k| content_words(&summary).contains(k));
+                match check_fact(&summary, "relationship", None, &evidence) {
+                    Verdict::Accepted(c) if mentions => {
+                        fact = c.text;
+                        method = "model";
+                        json!({"text": summary, "kept": true})
+                    }
+                    Verdict::Accepted(_) => {
+                        json!({"text": summary, "kept": false, "why": "does not name them"})
+                    }
+                    Verdict::Rejected(r) => {
+                        json!({"text": summary, "kept": false, "why": r.filter()})
+                    }
                 }
             }
-        }
+        };
     }
     let used: Vec<String> = ids
         .into_iter()
@@ -182,6 +196,7 @@ pub async fn remember_about(
         "memory_id": up.id(),
         "text": fact,
         "method": method,
+        "model": model,
         "from_messages": used,
         "blob": blob,
     }))

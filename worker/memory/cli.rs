@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use super::import::{self, ExtractMode};
 use super::search::{self, SearchRequest};
 use super::store::{self, Scope};
-use super::{cards, jobs, render, MemoryConfig, MemoryError, MemoryService, RankerKind};
+use super::{cards, jobs, render, todos, MemoryConfig, MemoryError, MemoryService, RankerKind};
 use crate::config::{ConfigError, Settings};
 use crate::db::{self, DbError};
 
@@ -122,6 +122,18 @@ pub enum MemoryCommand {
         #[arg(long)]
         text: String,
     },
+    /// Seed 001's todos of a user with one character (persona-scoped): open ones, or all.
+    Todos {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        character: i64,
+        /// Done and dropped ones too, with what closed them.
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Seed 001's entity cards.
     Cards {
         #[command(flatten)]
@@ -209,6 +221,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             | MemoryCommand::Snapshot { .. }
             | MemoryCommand::Entities { .. }
             | MemoryCommand::Show { .. }
+            | MemoryCommand::Todos { .. }
     );
     let svc = if needs_embedder {
         MemoryService::new(pool.clone(), config).await
@@ -282,6 +295,38 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
                 .await
                 .map_err(sql_input)?;
             print_job(&svc, job).await?;
+        }
+        MemoryCommand::Todos {
+            user,
+            character,
+            all,
+            json,
+        } => {
+            Scope::user(&user).validate()?;
+            let list = todos::list(&pool, &user, character, !all).await?;
+            if json {
+                print_json(&list)?;
+            } else if list.is_empty() {
+                println!(
+                    "no {}todos for user {user} with character {character}",
+                    if all { "" } else { "open " }
+                );
+            } else {
+                for t in list {
+                    let due = t
+                        .due_date
+                        .map(|d| format!(" (due {d})"))
+                        .unwrap_or_default();
+                    let closed = match (&t.closed_by_message_id, &t.closed_evidence) {
+                        (Some(m), Some(e)) => format!(" — closed by {m}: \"{e}\""),
+                        _ => String::new(),
+                    };
+                    println!(
+                        "#{} [{} {}] {}{due}{closed}",
+                        t.id, t.status, t.kind, t.text
+                    );
+                }
+            }
         }
         MemoryCommand::Cards { scope, json } => {
             let cs = cards::cards_for_refs(&pool, &scope.scope(), None).await?;

@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use super::search::{self, SearchRequest, SearchResponse};
 use super::store::Scope;
-use super::{jobs, render, store, MemoryError, MemoryService, RankerKind};
+use super::{jobs, render, store, todos, MemoryError, MemoryService, RankerKind};
 
 /// An HTTP-facing error with its status code.
 #[derive(Debug, thiserror::Error)]
@@ -138,5 +138,32 @@ pub async fn refresh(pool: PgPool, svc: &MemoryService, p: SnapshotParams) -> Re
         archived,
         folded,
         snapshot,
+    })
+}
+
+/// `GET /v1/memory/todos?user=&character=&all=`: seed 001's todos of one user with one
+/// character (open ones unless `all`). Persona-scoped: the character is required.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TodoParams {
+    pub user: String,
+    pub character: i64,
+    #[serde(default)]
+    pub all: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Todos {
+    pub user: String,
+    pub character: i64,
+    pub todos: Vec<todos::Todo>,
+}
+
+pub async fn todos(pool: PgPool, p: TodoParams) -> Result<Todos> {
+    store::Scope::user(&p.user).validate()?;
+    let todos = todos::list(&pool, &p.user, p.character, !p.all).await?;
+    Ok(Todos {
+        user: p.user,
+        character: p.character,
+        todos,
     })
 }

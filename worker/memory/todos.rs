@@ -454,7 +454,7 @@ pub async fn apply(
     }
     let mut tx = pool.begin().await?;
     if !closings.is_empty() {
-        let open = list_in(&mut *tx, user, character, true).await?;
+        let open = list_in(&mut tx, user, character, true).await?;
         for (how, clause) in closings {
             let best = open
                 .iter()
@@ -478,7 +478,8 @@ pub async fn apply(
     }
     for f in found {
         let text = match check_fact(&f.text, "other", None, message) {
-            Verdict::Accepted(c) => c.text,
+            // The filters' normal form ends the clause with a period; a todo is a clause.
+            Verdict::Accepted(c) => c.text.trim_end_matches(['.', '!', '?']).to_string(),
             Verdict::Rejected(_) => {
                 applied.rejected += 1;
                 continue;
@@ -505,7 +506,7 @@ pub async fn apply(
 /// due first).
 pub async fn list(pool: &PgPool, user: &str, character: i64, open_only: bool) -> Result<Vec<Todo>> {
     let mut conn = pool.acquire().await?;
-    list_in(&mut *conn, user, character, open_only).await
+    list_in(&mut conn, user, character, open_only).await
 }
 
 async fn list_in(

@@ -112,8 +112,15 @@ struct Blocks {
 #[derive(Default)]
 struct Injected {
     digest: Option<Vec<LlamaToken>>,
-    context: Option<Vec<LlamaToken>>,
+    /// The context block's tokens and the version its segment is tagged with.
+    context: Option<(Vec<LlamaToken>, String)>,
     recall: Option<RecallBlock>,
+}
+
+impl Injected {
+    fn context_len(&self) -> u32 {
+        self.context.as_ref().map_or(0, |(c, _)| c.len() as u32)
+    }
 }
 
 /// A recall block's tokens and the item keys it carries.
@@ -187,8 +194,8 @@ pub fn run_in_context(
     if let Some(tokens) = &injected.digest {
         session.append(tokens, Some(SegKind::Digest))?;
     }
-    if let Some(tokens) = &injected.context {
-        session.append_segment(tokens, SegKind::Context, &job.context.version)?;
+    if let Some((tokens, version)) = &injected.context {
+        session.append_segment(tokens, SegKind::Context, version)?;
     }
     if let Some((tokens, keys)) = &injected.recall {
         session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
@@ -225,6 +232,7 @@ pub fn run_in_context(
     stats.redecode_ms = redecode_started.elapsed().as_millis() as u64;
 
     let state = job.export.then(|| session.export_state());
+    let c_tokens = injected.context_len();
     let digest = injected.digest;
     let digest_injected = digest.is_some();
     Ok(KvOutcome::Ran(Box::new(TurnRun {
@@ -245,7 +253,7 @@ pub fn run_in_context(
         s_tokens: digest.as_ref().map_or(0, |d| d.len() as u32),
         u_tokens: engine.count_tokens(&job.user) as u32,
         r_tokens: reply.len() as u32,
-        c_tokens: injected.context.as_ref().map_or(0, |c| c.len() as u32),
+        c_tokens,
         context_injected: injected.context.is_some(),
         m_tokens: injected.recall.as_ref().map_or(0, |(t, _)| t.len() as u32),
         recalled: injected.recall.map(|(_, keys)| keys).unwrap_or_default(),
@@ -380,23 +388,41 @@ fn digest_block(
 }
 
 /// The context block to inject this turn, if the KV does not hold its version.
-fn context_block(engine: &Engine, job: &TurnJob, session: &KvSession) -> Option<Vec<LlamaToken>> {
-    if job.context.content.is_empty() {
-        return None;
-    }
-    let seen = session
+fn context_block(
+    engine: &Engine,
+    job: &TurnJob,
+    session: &KvSession,
+) -> Option<(Vec<LlamaToken>, String)> {
+    let newest = session
         .segments()
         .iter()
         .rev()
-        .find(|s| s.kind == SegKind::Context)
-        .is_some_and(|s| s.tag == job.context.version);
+        .find(|s| s.kind == SegKind::Context);
+    if job.context.content.is_empty() {
+        // What the KV holds is no longer supported by the stored parts (a todo was closed,
+        // a summary withdrawn): an explicit empty block supersedes it, as a newer block
+        // supersedes an older one, instead of leaving it standing.
+        let stale = newest.is_some_and(|s| s.tag != CLEARED_CONTEXT);
+        return stale.then(|| {
+            let text = "What you remember now: nothing to note.";
+            (
+                engine.block(&engine.frame.system, &[text]),
+                CLEARED_CONTEXT.to_string(),
+            )
+        });
+    }
+    let seen = newest.is_some_and(|s| s.tag == job.context.version);
     (!seen).then(|| {
-        engine.block(
-            &engine.frame.system,
-            &[&format!("What you remember:\n{}", job.context.content)],
+        let text = format!("What you remember:\n{}", job.context.content);
+        (
+            engine.block(&engine.frame.system, &[&text]),
+            job.context.version.clone(),
         )
     })
 }
+
+/// The tag of the block that clears a context the stored parts no longer support.
+const CLEARED_CONTEXT: &str = "cleared";
 
 /// The recall block: the candidates the KV does not hold, in rank order, as many as fit
 /// `recall_max` tokens; and how many candidates the KV already held.
@@ -452,7 +478,7 @@ fn budget(
     let base = blocks.base.len() as u32;
     let mut recall = recall_room;
     let total =
-        |i: &Injected, recall: u32| base + fixed + len(&i.digest) + len(&i.context) + recall;
+        |i: &Injected, recall: u32| base + fixed + len(&i.digest) + i.context_len() + recall;
     if total(injected, recall) > n_ctx {
         recall = 0;
     }
@@ -473,7 +499,7 @@ fn budget(
         )));
     }
     Ok((
-        fixed + len(&injected.digest) + len(&injected.context) + recall,
+        fixed + len(&injected.digest) + injected.context_len() + recall,
         recall,
     ))
 }
