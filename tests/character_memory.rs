@@ -8,8 +8,7 @@ mod common;
 
 use common::*;
 use kvmem::memory::{MemoryConfig, MemoryService};
-use kvmem::snapshot::{parse_segments, SegKind};
-use llama_cpp_2::token::LlamaToken;
+use kvmem::snapshot::SegKind;
 use sqlx::PgPool;
 
 /// The memory lane's service without an embedder (lexical), as the worker makes it.
@@ -28,25 +27,24 @@ async fn kv_text(
     engine: &kvmem::engine::Engine,
     sid: &str,
 ) -> Vec<(SegKind, String)> {
-    let (ids, table): (Vec<i32>, String) =
-        sqlx::query_as("SELECT token_ids, segments FROM session_kv WHERE session_id = $1")
-            .bind(sid)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let mut at = 0;
-    parse_segments(&table, ids.len() as u32)
-        .unwrap()
+    kv_segments(pool, engine, sid)
+        .await
         .into_iter()
-        .map(|s| {
-            let span: Vec<LlamaToken> = ids[at..at + s.len as usize]
-                .iter()
-                .map(|&t| LlamaToken(t))
-                .collect();
-            at += s.len as usize;
-            (s.kind, engine.detokenize(&span))
-        })
+        .map(|(s, t)| (s.kind, t))
         .collect()
+}
+
+/// The result of the lane's `remember_about` job among `outcomes`.
+fn about_result(outcomes: &[kvmem::memory::jobs::Outcome]) -> serde_json::Value {
+    outcomes
+        .iter()
+        .find_map(|o| match o {
+            kvmem::memory::jobs::Outcome::Done { kind, result, .. } if kind == "remember_about" => {
+                Some(result.clone())
+            }
+            _ => None,
+        })
+        .expect("a remember_about job ran")
 }
 
 /// The context block the session's KV holds last (empty if none).
@@ -328,15 +326,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
     .unwrap();
     let lane = lane(&pool, &s).with_extractor(std::sync::Arc::new(extractor));
     let outcomes = kvmem::memory::jobs::drain(&lane).await.unwrap();
-    let result = outcomes
-        .iter()
-        .find_map(|o| match o {
-            kvmem::memory::jobs::Outcome::Done { kind, result, .. } if kind == "remember_about" => {
-                Some(result.clone())
-            }
-            _ => None,
-        })
-        .expect("a remember_about job ran");
+    let result = about_result(&outcomes);
     assert_eq!(result["stored"], true, "{result}");
     let (text, pinned, source, refs): (String, bool, String, Vec<String>) = sqlx::query_as(
         "SELECT text, pinned, source, entity_refs FROM kvmem_memories
@@ -374,15 +364,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
     // Nobody the conversation mentions: nothing is stored, and the job says why.
     one_turn(&deps, "s1", "u1", ch, "Remember this about Priya").await;
     let outcomes = kvmem::memory::jobs::drain(&lane).await.unwrap();
-    let none = outcomes
-        .iter()
-        .find_map(|o| match o {
-            kvmem::memory::jobs::Outcome::Done { kind, result, .. } if kind == "remember_about" => {
-                Some(result.clone())
-            }
-            _ => None,
-        })
-        .expect("a second remember_about job ran");
+    let none = about_result(&outcomes);
     assert_eq!(none["stored"], false, "{none}");
     assert!(none["reason"].as_str().unwrap().contains("Priya"), "{none}");
 }

@@ -8,8 +8,7 @@ mod common;
 use common::*;
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
 use kvmem::memory::{MemoryConfig, MemoryService};
-use kvmem::snapshot::{parse_segments, SegKind, Segment};
-use llama_cpp_2::token::LlamaToken;
+use kvmem::snapshot::{SegKind, Segment};
 use sqlx::PgPool;
 
 /// Settings, the tiny model and a worker's dependencies for one test.
@@ -27,34 +26,6 @@ fn rig(
     let engine = load_engine(&tiny_model(), &s);
     let deps = llama_deps(pool, s.clone(), engine.clone(), "w1");
     (s, engine, deps)
-}
-
-/// The session's KV after its last committed turn: each segment with its text.
-async fn kv_segments(
-    pool: &PgPool,
-    engine: &kvmem::engine::Engine,
-    sid: &str,
-) -> Vec<(Segment, String)> {
-    let (ids, table): (Vec<i32>, String) =
-        sqlx::query_as("SELECT token_ids, segments FROM session_kv WHERE session_id = $1")
-            .bind(sid)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let segments = parse_segments(&table, ids.len() as u32).unwrap();
-    let mut at = 0;
-    segments
-        .into_iter()
-        .map(|s| {
-            let span: Vec<LlamaToken> = ids[at..at + s.len as usize]
-                .iter()
-                .map(|&t| LlamaToken(t))
-                .collect();
-            at += s.len as usize;
-            let text = engine.detokenize(&span);
-            (s, text)
-        })
-        .collect()
 }
 
 #[derive(Debug, sqlx::FromRow)]

@@ -239,3 +239,31 @@ pub async fn fact(pool: &PgPool, sid: &str, fact_type: &str, key: &str, value: &
     .await
     .unwrap();
 }
+
+/// The session's KV after its last committed turn: each segment with its text.
+pub async fn kv_segments(
+    pool: &PgPool,
+    engine: &Engine,
+    sid: &str,
+) -> Vec<(kvmem::snapshot::Segment, String)> {
+    let (ids, table): (Vec<i32>, String) =
+        sqlx::query_as("SELECT token_ids, segments FROM session_kv WHERE session_id = $1")
+            .bind(sid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let segments = kvmem::snapshot::parse_segments(&table, ids.len() as u32).unwrap();
+    let mut at = 0;
+    segments
+        .into_iter()
+        .map(|s| {
+            let span: Vec<llama_cpp_2::token::LlamaToken> = ids[at..at + s.len as usize]
+                .iter()
+                .map(|&t| llama_cpp_2::token::LlamaToken(t))
+                .collect();
+            at += s.len as usize;
+            let text = engine.detokenize(&span);
+            (s, text)
+        })
+        .collect()
+}

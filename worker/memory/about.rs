@@ -185,10 +185,7 @@ pub async fn remember_about(
         .first()
         .map(|w| vec![format!("person:{w}")])
         .unwrap_or_default();
-    if let Some(v) = svc.embed(vec![m.embed_text()]).await {
-        m.embedding = v.into_iter().next();
-        m.embed_model = svc.model_name().map(str::to_string);
-    }
+    svc.embed_memory(&mut m).await;
     let up = store::upsert(&svc.pool, m).await?;
     let blob = rebuild_blob(svc, scope).await?;
     Ok(json!({

@@ -204,10 +204,7 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
         nm.evidence_text = f.evidence_text;
         nm.source_message_ids = vec![message_id.clone()];
         nm.valid_from = m.get("at");
-        if let Some(v) = svc.embed(vec![nm.embed_text()]).await {
-            nm.embedding = v.into_iter().next();
-            nm.embed_model = svc.model_name().map(str::to_string);
-        }
+        svc.embed_memory(&mut nm).await;
         match store::upsert(&svc.pool, nm).await {
             Ok(_) => stored += 1,
             Err(MemoryError::Invalid(reason)) => {
@@ -326,10 +323,7 @@ async fn remember(
                 .collect()
         })
         .unwrap_or_default();
-    if let Some(v) = svc.embed(vec![m.embed_text()]).await {
-        m.embedding = v.into_iter().next();
-        m.embed_model = svc.model_name().map(str::to_string);
-    }
+    svc.embed_memory(&mut m).await;
     let up = store::upsert(&svc.pool, m).await?;
     let blob = rebuild_blob(svc, scope).await?;
     Ok(json!({"memory_id": up.id(), "upsert": up, "blob": blob}))

@@ -51,10 +51,7 @@ pub async fn remember_line(
     m.character_id = scope.character_id;
     m.confidence = LINE_CONFIDENCE;
     m.source_message_ids = vec![message_id.to_string()];
-    if let Some(v) = svc.embed(vec![m.embed_text()]).await {
-        m.embedding = v.into_iter().next();
-        m.embed_model = svc.model_name().map(str::to_string);
-    }
+    svc.embed_memory(&mut m).await;
     let up = store::upsert(&svc.pool, m).await?;
     // Seed 002: the newest 120 lines per lore subject.
     store::archive_keep(

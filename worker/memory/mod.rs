@@ -249,6 +249,15 @@ impl MemoryService {
         }
     }
 
+    /// Gives a memory about to be written its vector, when there is an embedder (without
+    /// one it is written lexical-only and `kvmem memory reindex` backfills it).
+    pub async fn embed_memory(&self, m: &mut store::NewMemory) {
+        if let Some(v) = self.embed(vec![m.embed_text()]).await {
+            m.embedding = v.into_iter().next();
+            m.embed_model = self.model_name().map(str::to_string);
+        }
+    }
+
     pub fn model_name(&self) -> Option<&str> {
         self.embedder.as_deref().map(|e| e.name.as_str())
     }
