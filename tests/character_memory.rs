@@ -162,8 +162,15 @@ async fn a_todo_made_to_one_character_stays_out_of_anothers_context(pool: PgPool
         Some(format!("turn:{}:user", t3.0))
     );
     assert_eq!(todos[0].closed_evidence.as_deref(), Some("I did the walk"));
-    let (_, log) = one_turn(&deps, "s_ada", "u1", ada, "And now?").await;
+    let (t4, log) = one_turn(&deps, "s_ada", "u1", ada, "And now?").await;
     assert_eq!(log.status, "OK", "{:?}", log.error);
+    let (injected, version): (bool, String) =
+        sqlx::query_as("SELECT context_injected, context_version FROM turn_log WHERE turn_id = $1")
+            .bind(t4.0)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((injected, version.as_str()), (true, "cleared"));
     let ada_ctx = last_context(&kv_text(&pool, &engine, "s_ada").await);
     assert!(!ada_ctx.contains("walk"), "{ada_ctx:?}");
     assert!(

@@ -422,7 +422,7 @@ fn context_block(
 }
 
 /// The tag of the block that clears a context the stored parts no longer support.
-const CLEARED_CONTEXT: &str = "cleared";
+pub const CLEARED_CONTEXT: &str = "cleared";
 
 /// The recall block: the candidates the KV does not hold, in rank order, as many as fit
 /// `recall_max` tokens; and how many candidates the KV already held.

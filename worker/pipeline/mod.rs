@@ -299,7 +299,11 @@ impl TurnPipeline {
         log.recall_ms = inputs.recalled.ms;
         log.context_injected = run.context_injected;
         log.c_tokens = run.c_tokens;
-        log.context_version = inputs.context.version.clone();
+        log.context_version = if run.context_injected && inputs.context.content.is_empty() {
+            kv::CLEARED_CONTEXT.to_string()
+        } else {
+            inputs.context.version.clone()
+        };
         log.s_tokens = run.s_tokens;
         log.u_tokens = run.u_tokens;
         log.r_tokens = run.r_tokens;
