@@ -162,6 +162,27 @@ async fn a_todo_made_to_one_character_stays_out_of_anothers_context(pool: PgPool
         Some(format!("turn:{}:user", t3.0))
     );
     assert_eq!(todos[0].closed_evidence.as_deref(), Some("I did the walk"));
+    // A replay's copy of the promise (same user, same character) makes no new todo.
+    let copy: i64 = sqlx::query_scalar(
+        "INSERT INTO memory_messages (user_id, character_id, session_id, message_id, speaker,
+                                      text, at, source)
+         VALUES ('u1', $1, 'replay:r1:s_ada', 'turn:999:user', 'user',
+                 'Ok so I''ll go for a walk tomorrow.', now(), 'turn') RETURNING id",
+    )
+    .bind(ada)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query("SELECT kvmem_memory_queue_ingest($1)")
+        .bind(copy)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let ran = kvmem::memory::jobs::drain(&lane).await.unwrap();
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    let todos = todos_of(&pool, "u1", ada).await;
+    assert_eq!(todos.len(), 1, "a replay reopened the todo: {todos:?}");
+
     let (t4, log) = one_turn(&deps, "s_ada", "u1", ada, "And now?").await;
     assert_eq!(log.status, "OK", "{:?}", log.error);
     let (injected, version): (bool, String) =

@@ -162,8 +162,14 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
         return Ok(result);
     }
     let message_id: String = m.get("message_id");
-    // Todos are persona-scoped: a message said to no character makes none.
-    if let Some(character) = m.get::<Option<i64>, _>("character_id") {
+    // Todos are persona-scoped: a message said to no character makes none. A replay's
+    // copy of a message (`replay:<run>:<source>`) is not said again: replaying a session
+    // must not reopen the todos its later messages closed.
+    let session: String = m.get("session_id");
+    let character = m
+        .get::<Option<i64>, _>("character_id")
+        .filter(|_| !session.starts_with("replay:"));
+    if let Some(character) = character {
         let at = m.get("at");
         let applied = todos::apply(&svc.pool, &user, character, &message_id, &text, at).await?;
         result["todos"] = json!(applied);
