@@ -188,7 +188,7 @@ pub async fn run(
     let started = Instant::now();
     let mut queued = Vec::new();
     for scene in scenes {
-        let target = format!("replay:{run_id}:{}", scene.session_id);
+        let target = crate::turn::replay_session(run_id, &scene.session_id);
         sqlx::query(include_str!("../../sql/cmd/replay_copy_facts.sql"))
             .bind(&scene.session_id)
             .bind(&target)

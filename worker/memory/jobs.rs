@@ -168,7 +168,7 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     let session: String = m.get("session_id");
     let character = m
         .get::<Option<i64>, _>("character_id")
-        .filter(|_| !session.starts_with("replay:"));
+        .filter(|_| !crate::turn::is_replay(&session));
     if let Some(character) = character {
         let at = m.get("at");
         let applied = todos::apply(&svc.pool, &user, character, &message_id, &text, at).await?;

@@ -13,7 +13,8 @@ use sqlx::PgPool;
 use crate::memory::search::{self, HitKind, SearchRequest};
 use crate::memory::store::Scope;
 use crate::memory::{cards, MemoryService};
-use crate::turn::ClaimedTurn;
+use crate::summary::cache::content_hash;
+use crate::turn::{self, ClaimedTurn};
 
 /// Candidates asked of the search; the token budget decides how many are injected.
 const RECALL_CANDIDATES: usize = 6;
@@ -117,13 +118,9 @@ fn visible(hit: &search::Hit, session_id: &str) -> bool {
     let Some(hit_session) = hit.session_id.as_deref() else {
         return true;
     };
-    if hit_session == session_id || hit_session.starts_with("replay:") {
-        return false;
-    }
-    match session_id.strip_prefix("replay:") {
-        Some(rest) => rest.split_once(':').map(|(_, source)| source) != Some(hit_session),
-        None => true,
-    }
+    hit_session != session_id
+        && !turn::is_replay(hit_session)
+        && turn::replay_source(session_id) != Some(hit_session)
 }
 
 /// A message as recall shows it: who said it, when, and what.
@@ -153,8 +150,9 @@ fn clip(text: &str) -> String {
     format!("{cut}…")
 }
 
+/// A recall key's hash: the first 5 bytes of the content's SHA-256, in hex.
 fn short_hash(text: &str) -> String {
-    hex::encode(&Sha256::digest(text.as_bytes())[..5])
+    content_hash(text)[..10].to_string()
 }
 
 /// The context block's text and version (SHA-256 of the text; empty text = no block).
@@ -328,6 +326,13 @@ mod tests {
 
         let none = context_block(&ContextParts::default(), 100, &words);
         assert_eq!(none, ContextBlock::default());
+    }
+
+    #[test]
+    fn recall_keys_hash_the_first_five_bytes() {
+        // Keys are stored in snapshots' segment tables; they must not change.
+        let want = hex::encode(&Sha256::digest(b"Maya lives in Lisbon")[..5]);
+        assert_eq!(short_hash("Maya lives in Lisbon"), want);
     }
 
     #[test]

@@ -214,3 +214,22 @@ impl From<EngineError> for TurnError {
 pub fn short_sha(sha: &str) -> &str {
     &sha[..sha.len().min(12)]
 }
+
+/// A replay's copy of session `source` in run `run` (`kvmem replay`). Memory treats such
+/// copies as a re-run, not as the user speaking again.
+pub fn replay_session(run: &str, source: &str) -> String {
+    format!("replay:{run}:{source}")
+}
+
+/// Whether `session_id` is a replay's copy ([`replay_session`]).
+pub fn is_replay(session_id: &str) -> bool {
+    session_id.starts_with("replay:")
+}
+
+/// The session a replay copy was made from; `None` for an ordinary session.
+pub fn replay_source(session_id: &str) -> Option<&str> {
+    session_id
+        .strip_prefix("replay:")?
+        .split_once(':')
+        .map(|(_, source)| source)
+}
