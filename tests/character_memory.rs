@@ -239,7 +239,7 @@ async fn a_memory_line_is_cut_from_the_reply_and_stored_as_lore(pool: PgPool) {
     }
     assert!(!reply.trim().is_empty());
     let kv = kv_text(&pool, &engine, "s1").await;
-    let exchange = &kv.last().unwrap().1;
+    let exchange = &kv.iter().rfind(|(k, _)| *k == SegKind::Turn).unwrap().1;
     // The exchange's reply half is the stored reply (special tokens detokenize to nothing).
     let kv_reply = exchange.rsplit("assistant\n").next().unwrap();
     assert_eq!(kv_reply.trim_end(), reply.trim_end(), "{exchange:?}");

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use kvmem::runner::Outcome;
-use kvmem::snapshot::{self, Limits};
+use kvmem::snapshot::{self, Limits, SegKind};
 use sqlx::PgPool;
 
 fn scene_settings(dir: &std::path::Path, extra: serde_json::Value) -> kvmem::config::Settings {
@@ -50,11 +50,20 @@ async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
     let (lo, hi) = (last.iter().min().unwrap(), last.iter().max().unwrap());
     assert!(*hi as f64 <= *lo as f64 * 2.0, "no plateau: {sizes:?}");
     assert!(sizes[29] > sizes[0], "KV did not grow at all: {sizes:?}");
-    // The saved KV starts with the base prompt and holds no HUD text.
+    // The saved KV starts with the base prompt and ends with the current HUD, the only
+    // one it holds: HUDs never accumulate.
     let scope = snapshot::scope_key("u1", ch, "scene");
     let file = std::fs::read(dir.path().join(format!("{scope}.llkv"))).unwrap();
     let snap = snapshot::decode(&file, Limits::LOOSE).unwrap();
-    assert_eq!(snap.header.segments[0].kind, snapshot::SegKind::Base);
+    let segs = &snap.header.segments;
+    assert_eq!(segs[0].kind, snapshot::SegKind::Base);
+    assert_eq!(segs.last().unwrap().kind, snapshot::SegKind::Hud);
+    assert_eq!(
+        segs.iter()
+            .filter(|s| s.kind == snapshot::SegKind::Hud)
+            .count(),
+        1
+    );
     let text = engine.detokenize(
         &snap
             .token_ids
@@ -63,7 +72,16 @@ async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
             .collect::<Vec<_>>(),
     );
     assert!(text.contains("You are Ada"), "{text}");
-    assert!(!text.contains("HUD:"), "HUD accumulated in the KV: {text}");
+    assert_eq!(
+        text.matches("HUD:").count(),
+        1,
+        "HUD accumulated in the KV: {text}"
+    );
+    let hud_at = text.find("HUD:").unwrap();
+    assert!(
+        text[hud_at..].contains("HP 85/100") && !text[hud_at..].contains("Turn 30"),
+        "the KV does not end with the character's HUD: {text}"
+    );
     assert!(
         text.contains("Turn 30") && !text.contains("Turn 1:"),
         "tail should hold only recent turns"
@@ -399,6 +417,50 @@ async fn a_cold_start_prefills_the_earlier_exchanges(pool: PgPool) {
             "{w} missing from the rebuilt KV: {text}"
         );
     }
+}
+
+/// The HUD off the first-token path: the saved KV ends with the HUD, a warm turn whose HUD
+/// has not changed decodes its message alone, and a changed HUD replaces the old one, which
+/// leaves the KV, so the KV never holds two.
+#[sqlx::test(migrations = false)]
+async fn an_unchanged_hud_stays_in_the_kv_and_a_changed_one_replaces_it(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({ "kv_tail_tokens": 900 }));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (_, first) = one_turn(&deps, "s", "u1", ch, "hello there").await;
+    assert!(first.cold && !first.hud_kept, "{first:?}");
+
+    let msg = "what is ahead of us?";
+    let (_, warm) = one_turn(&deps, "s", "u1", ch, msg).await;
+    assert!(warm.loaded && warm.hud_kept, "{warm:?}");
+    let message = engine.block(&engine.frame.user, &[msg]).len() as i32;
+    assert_eq!(warm.prefill_tokens, message, "{warm:?}");
+    let kv = kv_segments(&pool, &engine, "s").await;
+    let huds: Vec<_> = kv.iter().filter(|(s, _)| s.kind == SegKind::Hud).collect();
+    assert_eq!(huds.len(), 1, "{kv:?}");
+    assert_eq!(kv.last().unwrap().0.kind, SegKind::Hud);
+    assert!(huds[0].1.contains("HP 85/100"), "{kv:?}");
+
+    sqlx::query("UPDATE user_characters SET current_health = 40 WHERE id = $1")
+        .bind(ch)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (_, changed) = one_turn(&deps, "s", "u1", ch, msg).await;
+    assert!(changed.loaded && !changed.hud_kept, "{changed:?}");
+    assert!(changed.prefill_tokens > message, "{changed:?}");
+    let kv = kv_segments(&pool, &engine, "s").await;
+    let text: String = kv.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(text.matches("HUD:").count(), 1, "{text}");
+    assert!(!text.contains("HP 85/100"), "the old HUD stayed: {text}");
+    assert_eq!(kv.last().unwrap().0.kind, SegKind::Hud);
+    assert!(kv.last().unwrap().1.contains("HP 40/100"), "{kv:?}");
+    // Each exchange is one segment, tagged with its turn, and none holds a HUD.
+    let turns = kv.iter().filter(|(s, _)| s.kind == SegKind::Turn).count();
+    assert_eq!(turns, 3, "{kv:?}");
 }
 
 #[sqlx::test(migrations = false)]

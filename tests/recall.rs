@@ -104,8 +104,12 @@ async fn a_recalled_memory_is_in_the_prefilled_tokens_once(pool: PgPool) {
     assert!(r2.recall_in_kv >= 1, "{r2:?}");
     let kv2 = kv_segments(&pool, &engine, "s2").await;
     assert_eq!(kv2.len(), kv.len() + 1, "{kv2:?}");
-    assert_eq!(kv2[..kv.len()], kv[..]);
-    let new = &kv2.last().unwrap().0;
+    // The HUD stays last; before it, the KV is the last one plus this exchange.
+    let hud = kv.len() - 1;
+    assert_eq!(kv[hud].0.kind, SegKind::Hud);
+    assert_eq!(kv2[..hud], kv[..hud]);
+    assert_eq!(kv2[hud + 1], kv[hud]);
+    let new = &kv2[hud].0;
     assert_eq!(new.kind, SegKind::Turn);
     assert_eq!(new.tag, t2.0.to_string());
     assert_eq!(r2.tokens_in_kv, r1.tokens_in_kv + new.len as i32);

@@ -79,6 +79,13 @@ pub fn check_segments(text: &str, tokens: u32) {
                 segs.iter().skip(1).all(|s| s.kind != SegKind::Base),
                 "base segment accepted after the first position"
             );
+            assert!(
+                segs.iter()
+                    .rev()
+                    .skip(1)
+                    .all(|s| s.kind != SegKind::Hud),
+                "HUD segment accepted before the last position"
+            );
             let again = parse_segments(&render_segments(&segs), tokens)
                 .expect("rendered segments do not parse");
             assert_eq!(again, segs, "segments do not round-trip");
@@ -98,6 +105,7 @@ fn render_segments(segs: &[Segment]) -> String {
                 SegKind::Digest => 'D',
                 SegKind::Context => 'C',
                 SegKind::Recall => 'M',
+                SegKind::Hud => 'H',
             };
             // Written here, not with the worker's renderer, so the round trip checks
             // the parser against an independent reading of the table's grammar.

@@ -155,7 +155,8 @@ pub fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>, worker
 /// The latest turn_log row for a turn, as (loaded, cold, digest_injected, tokens_in_kv, digest_version, status).
 pub async fn last_log(pool: &PgPool, turn_id: i64) -> LogRow {
     sqlx::query_as::<_, LogRow>(
-        "SELECT loaded, cold, cold_reason, digest_injected, tokens_in_kv, kv_bytes, digest_version, status, error, s_tokens
+        "SELECT loaded, cold, cold_reason, digest_injected, tokens_in_kv, kv_bytes, digest_version, status, error, s_tokens,
+                prefill_tokens, hud_kept
            FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
     )
     .bind(turn_id)
@@ -176,6 +177,8 @@ pub struct LogRow {
     pub status: String,
     pub error: Option<String>,
     pub s_tokens: i32,
+    pub prefill_tokens: i32,
+    pub hud_kept: bool,
 }
 
 /// Enqueues one turn, runs the queue dry, and returns the turn id with its log row.

@@ -28,6 +28,9 @@ pub struct KvSession<'e, 'c> {
     ctx: &'c mut LlamaContext<'static>,
     tokens: Vec<LlamaToken>,
     segments: Vec<Segment>,
+    /// Tokens decoded through this session so far (prompt side only, not generated ones):
+    /// what a turn's `prefill_tokens` reports.
+    decoded: u32,
 }
 
 impl<'e, 'c> KvSession<'e, 'c> {
@@ -39,6 +42,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
             ctx,
             tokens: Vec::new(),
             segments: Vec::new(),
+            decoded: 0,
         }
     }
 
@@ -65,6 +69,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
             ctx,
             tokens: token_ids.iter().map(|&t| LlamaToken(t)).collect(),
             segments: segments.to_vec(),
+            decoded: 0,
         })
     }
 
@@ -86,6 +91,28 @@ impl<'e, 'c> KvSession<'e, 'c> {
 
     pub fn tokens(&self) -> &[LlamaToken] {
         &self.tokens
+    }
+
+    /// Prompt tokens decoded through this session so far.
+    pub fn decoded(&self) -> u32 {
+        self.decoded
+    }
+
+    /// The HUD the KV ends with, if it ends with one.
+    pub fn trailing_hud(&self) -> Option<&[LlamaToken]> {
+        let last = self.segments.last().filter(|s| s.kind == SegKind::Hud)?;
+        Some(&self.tokens[self.tokens.len() - last.len as usize..])
+    }
+
+    /// Removes every HUD segment (a KV holds at most one, at its end, where removing it
+    /// costs nothing; one found elsewhere is dropped like a pruned segment).
+    pub fn drop_hud(&mut self) -> Result<()> {
+        let doomed: Vec<bool> = self
+            .segments
+            .iter()
+            .map(|s| s.kind == SegKind::Hud)
+            .collect();
+        self.drop_segments(&doomed).map(|_| ())
     }
 
     /// Decodes `tokens` after the current tail, as one new segment (or extending the last
@@ -137,6 +164,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
                 .map_err(|e| EngineError::Decode(e.to_string()))?;
         }
         self.tokens.extend_from_slice(tokens);
+        self.decoded += tokens.len() as u32;
         Ok(())
     }
 
@@ -220,14 +248,10 @@ impl<'e, 'c> KvSession<'e, 'c> {
     }
 
     /// Drops the oldest segments, whole, until at most `max` tokens remain. The base prompt
-    /// is never touched, and the newest digest and the newest context block are kept while
-    /// anything else can go (they go last, context before digest), so the world state and
-    /// the user's context stay in the KV instead of being re-injected. Returns tokens dropped.
-    ///
-    /// Everything after the first dropped segment is decoded again, segment by segment:
-    /// a position shift would keep values computed while the dropped tokens were still
-    /// visible, which no rebuild from the remaining tokens can reproduce. After a prune
-    /// the KV equals a fresh decode of what it holds.
+    /// and the HUD are never touched, and the newest digest and the newest context block
+    /// are kept while anything else can go (they go last, context before digest), so the
+    /// world state and the user's context stay in the KV instead of being re-injected.
+    /// Returns tokens dropped.
     pub fn prune_to(&mut self, max: u32) -> Result<u32> {
         let over = self.len().saturating_sub(max);
         if over == 0 {
@@ -238,7 +262,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
         let keep_context = newest(SegKind::Context);
         let droppable = (0..self.segments.len())
             .filter(|&i| {
-                self.segments[i].kind != SegKind::Base
+                !matches!(self.segments[i].kind, SegKind::Base | SegKind::Hud)
                     && Some(i) != keep_digest
                     && Some(i) != keep_context
             })
@@ -253,6 +277,15 @@ impl<'e, 'c> KvSession<'e, 'c> {
             doomed[i] = true;
             left = left.saturating_sub(self.segments[i].len);
         }
+        self.drop_segments(&doomed)
+    }
+
+    /// Drops the segments marked in `doomed`. Everything after the first dropped segment
+    /// is decoded again, segment by segment: a position shift would keep values computed
+    /// while the dropped tokens were still visible, which no rebuild from the remaining
+    /// tokens can reproduce. Afterwards the KV equals a fresh decode of what it holds.
+    /// Returns tokens dropped.
+    fn drop_segments(&mut self, doomed: &[bool]) -> Result<u32> {
         let Some(first) = doomed.iter().position(|&d| d) else {
             return Ok(0);
         };

@@ -94,6 +94,11 @@ pub struct TurnRun {
     /// Candidates left out because the KV already holds them.
     pub recall_in_kv: u32,
     pub load_ms: u64,
+    /// Prompt tokens decoded before the first reply token (a cold start's lay-back, a
+    /// prune's re-decode, injected blocks, a changed HUD, the message).
+    pub prefill_tokens: u32,
+    /// The HUD the KV ended with was the current one, so it was not decoded again.
+    pub hud_kept: bool,
     pub stats: GenStats,
 }
 
@@ -166,6 +171,13 @@ pub fn run_in_context(
         Some(source) => lay_back(engine, &mut session, source, &blocks, job.tail)?,
     };
 
+    // The last save left the HUD at the KV's end: an unchanged one is already what the
+    // model must see, so only a changed (or missing) one is decoded again.
+    let hud_kept = session.trailing_hud() == Some(&blocks.hud[..]);
+    if !hud_kept {
+        session.drop_hud()?;
+    }
+
     // 3 (decided before the prune, which must leave room for them). The digest and the
     // context go in only when the KV has not seen their versions, or they were pruned away.
     let mut injected = Injected {
@@ -183,14 +195,19 @@ pub fn run_in_context(
 
     // 2. Prune: HUD + digest + context + recall + KV + user + reply <= N_CTX, and the KV
     // within its tail.
-    let (need, recall_room) = budget(engine, &job, &blocks, &mut injected, recall_room)?;
+    let (need, recall_room) = budget(engine, &job, &blocks, hud_kept, &mut injected, recall_room)?;
     session.prune_to(job.tail.min(engine.params.n_ctx - need))?;
     let mut recall_in_kv = 0;
     if recall_room > 0 {
         (injected.recall, recall_in_kv) = recall_block(engine, &job, &session);
     }
 
-    // 3. Build the context: digest, context and recall (when due), HUD, user message.
+    // 3. Build the context: the HUD (unless the KV ends with it), digest, context and
+    // recall (when due), user message.
+    if !hud_kept {
+        session.append(&blocks.hud, Some(SegKind::Hud))?;
+    }
+    let hud_start = session.len() - blocks.hud.len() as u32;
     if let Some(tokens) = &injected.digest {
         session.append(tokens, Some(SegKind::Digest))?;
     }
@@ -200,14 +217,13 @@ pub fn run_in_context(
     if let Some((tokens, keys)) = &injected.recall {
         session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
     }
-    let hud_start = session.len();
-    session.append(&blocks.hud, Some(SegKind::Turn))?;
     session.append(&blocks.user, Some(SegKind::Turn))?;
     session.append(&blocks.prefix, None)?;
     let mut stats = GenStats {
         prefill_ms: prefill_started.elapsed().as_millis() as u64,
         ..GenStats::default()
     };
+    let prefill_tokens = session.decoded();
 
     // 4. Generate, after the worker-written start of the reply when there is one.
     let generated = session.generate(job.reply_max, abort, &mut stats)?;
@@ -219,7 +235,7 @@ pub fn run_in_context(
         .stripped
         .then(|| engine.tokenize_plain(&hidden.reply));
 
-    // 5. The HUD is ephemeral; the exchange stays, within the tail.
+    // 5. The exchange stays, within the tail, and the current HUD goes back to the end.
     let redecode_started = Instant::now();
     settle(
         &mut session,
@@ -259,6 +275,8 @@ pub fn run_in_context(
         recalled: injected.recall.map(|(_, keys)| keys).unwrap_or_default(),
         recall_in_kv,
         load_ms,
+        prefill_tokens,
+        hud_kept,
         stats,
     })))
 }
@@ -291,11 +309,14 @@ fn lay_back(
     })
 }
 
-/// Step 5's KV half. The HUD leaves the KV, and the exchange (message, reply, close) is
-/// decoded again without it, as one segment, after a prune when the tail needs one: the
-/// saved KV is then exactly what a cold start decodes from the same tokens
-/// ([`history::decode_exact`]). `stored_reply` replaces the generated reply when the
-/// stored one differs (a memory-line tail was cut off), so the KV never holds the tail.
+/// Step 5's KV half. Everything from the HUD on leaves the KV and is decoded again
+/// without the message's HUD in front of it: the blocks injected this turn, the exchange
+/// (message, reply, close) as one segment, then the current HUD as the last segment,
+/// where the next turn finds it. A prune comes first when the tail needs one. The saved
+/// KV is then exactly what a cold start decodes from the same tokens
+/// ([`history::decode_exact`]), and it never holds more than one HUD. `stored_reply`
+/// replaces the generated reply when the stored one differs (a memory-line tail was cut
+/// off), so the KV never holds the tail.
 fn settle(
     session: &mut KvSession,
     hud_start: u32,
@@ -304,17 +325,35 @@ fn settle(
     tail: u32,
     turn_id: i64,
 ) -> Result<(), TurnError> {
-    let hud_end = hud_start as usize + blocks.hud.len();
+    // The segments after the HUD: this turn's injected blocks, then the exchange so far.
+    let mut after = Vec::new();
+    let mut at = 0usize;
+    for seg in session.segments() {
+        let span = at..at + seg.len as usize;
+        at = span.end;
+        if span.start > hud_start as usize {
+            after.push((seg.clone(), session.tokens()[span].to_vec()));
+        }
+    }
+    let Some((_, said)) = after.pop() else {
+        return Err(TurnError::fatal("the exchange is missing from the KV"));
+    };
     let exchange = match stored_reply {
         Some(reply) => [&blocks.user[..], &reply[..], &blocks.close[..]].concat(),
-        None => [&session.tokens()[hud_end..], &blocks.close[..]].concat(),
+        None => [&said[..], &blocks.close[..]].concat(),
     };
     session.truncate_tail(hud_start)?;
-    let room = exchange.len() as u32;
+    let room = (after.iter().map(|(_, t)| t.len()).sum::<usize>()
+        + exchange.len()
+        + blocks.hud.len()) as u32;
     if session.len() + room > tail {
         session.prune_to(low_water(tail).saturating_sub(room))?;
     }
+    for (seg, tokens) in &after {
+        session.append_segment(tokens, seg.kind, &seg.tag)?;
+    }
     session.append_segment(&exchange, SegKind::Turn, &turn_id.to_string())?;
+    session.append(&blocks.hud, Some(SegKind::Hud))?;
     // Only an exchange longer than the tail itself still overflows: it goes too.
     session.prune_to(tail)?;
     Ok(())
@@ -467,15 +506,17 @@ fn budget(
     engine: &Engine,
     job: &TurnJob,
     blocks: &Blocks,
+    hud_in_kv: bool,
     injected: &mut Injected,
     recall_room: u32,
 ) -> Result<(u32, u32), TurnError> {
     let n_ctx = engine.params.n_ctx;
-    let fixed = (blocks.hud.len() + blocks.user.len() + blocks.prefix.len() + blocks.close.len())
-        as u32
-        + job.reply_max;
+    let hud = if hud_in_kv { 0 } else { blocks.hud.len() };
+    let fixed =
+        (hud + blocks.user.len() + blocks.prefix.len() + blocks.close.len()) as u32 + job.reply_max;
     let len = |b: &Option<Vec<LlamaToken>>| b.as_ref().map_or(0, Vec::len) as u32;
-    let base = blocks.base.len() as u32;
+    // The base prompt and a kept HUD are in the KV, but no prune can take them out.
+    let base = (blocks.base.len() + blocks.hud.len() - hud) as u32;
     let mut recall = recall_room;
     let total =
         |i: &Injected, recall: u32| base + fixed + len(&i.digest) + i.context_len() + recall;

@@ -309,6 +309,8 @@ impl TurnPipeline {
         log.r_tokens = run.r_tokens;
         log.load_ms = run.load_ms;
         log.prefill_ms = run.stats.prefill_ms;
+        log.prefill_tokens = run.prefill_tokens;
+        log.hud_kept = run.hud_kept;
         log.ttft_ms = run.stats.ttft_ms;
         log.generate_ms = run.stats.generate_ms;
         log.redecode_ms = run.stats.redecode_ms;

@@ -46,6 +46,10 @@ pub enum SegKind {
     /// A recall block; its tag lists the recalled items (`m<memory id>`, `x<dialogue row
     /// id>`, `c<card hash>`), so the next turn injects only what the KV does not hold.
     Recall,
+    /// The character's HUD line, kept as the KV's last segment after a save so the next
+    /// turn's first token waits only for its message when the HUD has not changed. A KV
+    /// holds at most one, and only at its end.
+    Hud,
 }
 
 impl SegKind {
@@ -56,6 +60,7 @@ impl SegKind {
             SegKind::Digest => 'D',
             SegKind::Context => 'C',
             SegKind::Recall => 'M',
+            SegKind::Hud => 'H',
         }
     }
 
@@ -66,6 +71,7 @@ impl SegKind {
             "D" => Some(SegKind::Digest),
             "C" => Some(SegKind::Context),
             "M" => Some(SegKind::Recall),
+            "H" => Some(SegKind::Hud),
             _ => None,
         }
     }
@@ -551,6 +557,13 @@ pub fn parse_segments(text: &str, tokens: u32) -> Result<Vec<Segment>, SnapshotE
         return Err(SnapshotError::Malformed(format!(
             "segments cover {total} tokens, header says {tokens}"
         )));
+    }
+    // The pipeline trusts a trailing HUD as the only one in the KV.
+    let huds = out.iter().filter(|s| s.kind == SegKind::Hud).count();
+    if huds > 1 || (huds == 1 && out.last().map(|s| s.kind) != Some(SegKind::Hud)) {
+        return Err(SnapshotError::Malformed(
+            "a HUD segment that is not the last".into(),
+        ));
     }
     Ok(out)
 }

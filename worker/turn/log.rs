@@ -88,6 +88,10 @@ pub struct KvLog {
     pub latency_ms: u64,
     pub load_ms: u64,
     pub prefill_ms: u64,
+    /// Prompt tokens decoded before the first reply token.
+    pub prefill_tokens: u32,
+    /// The KV ended with the current HUD, which was therefore not decoded again.
+    pub hud_kept: bool,
     pub ttft_ms: u64,
     pub generate_ms: u64,
     /// Re-decoding the exchange without the HUD (and the tail after a prune).
@@ -129,6 +133,8 @@ impl KvLog {
             latency_ms: 0,
             load_ms: 0,
             prefill_ms: 0,
+            prefill_tokens: 0,
+            hud_kept: false,
             ttft_ms: 0,
             generate_ms: 0,
             redecode_ms: 0,
@@ -190,6 +196,8 @@ impl KvLog {
             "latency_ms": self.latency_ms.min(i32::MAX as u64),
             "load_ms": self.load_ms.min(i32::MAX as u64),
             "prefill_ms": self.prefill_ms.min(i32::MAX as u64),
+            "prefill_tokens": self.prefill_tokens,
+            "hud_kept": self.hud_kept,
             "ttft_ms": self.ttft_ms.min(i32::MAX as u64),
             "generate_ms": self.generate_ms.min(i32::MAX as u64),
             "redecode_ms": self.redecode_ms.min(i32::MAX as u64),
