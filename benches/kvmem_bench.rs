@@ -232,23 +232,41 @@ async fn run_one(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<kvmem::qu
     }
 }
 
-/// Runs one turn through the queue; returns (ttft ms, latency ms, cold, tokens loaded,
-/// prefill ms).
-async fn timed_turn(
-    deps: &Deps,
-    sid: &str,
-    ch: i64,
-    msg: &str,
-) -> Result<(f64, f64, bool, i32, f64)> {
+/// One turn's `turn_log` row, as the warm-cold suite reads it.
+#[derive(sqlx::FromRow, Clone)]
+struct TurnTimes {
+    ttft_ms: i32,
+    latency_ms: i32,
+    cold: bool,
+    tokens_loaded: i32,
+    load_ms: i32,
+    prefill_ms: i32,
+    prefill_tokens: i32,
+    generate_ms: i32,
+    redecode_ms: i32,
+    save_ms: i32,
+}
+
+/// Runs one turn through the queue and reads its log row.
+async fn timed_turn(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<TurnTimes> {
     let id = run_one(deps, sid, ch, msg).await?;
-    let (ttft, lat, cold, loaded, prefill): (i32, i32, bool, i32, i32) = sqlx::query_as(
-        "SELECT ttft_ms, latency_ms, cold, tokens_loaded, prefill_ms FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    Ok(sqlx::query_as(
+        "SELECT ttft_ms, latency_ms, cold, tokens_loaded, load_ms, prefill_ms, prefill_tokens,
+                generate_ms, redecode_ms, save_ms
+           FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
     )
     .bind(id.0)
     .fetch_one(&deps.pool)
-    .await?;
-    Ok((ttft as f64, lat as f64, cold, loaded, prefill as f64))
+    .await?)
 }
+
+/// The lowest cold ÷ warm TTFT ratio `--quick` accepts at its one size (about 500 tokens).
+/// A regression guard set well under what `ops/bench warm-cold` measures there, so noise
+/// alone does not trip it; not a timing claim.
+const QUICK_RATIO_FLOOR: f64 = 8.0;
+
+/// The goals the speed work set: cold ÷ warm TTFT at about 1,000 and 2,000 tokens.
+const RATIO_GOALS: [(usize, f64); 2] = [(1000, 50.0), (2000, 100.0)];
 
 async fn warm_cold(env: &Env) -> Result<Value> {
     let sizes: &[usize] = if env.quick {
@@ -256,7 +274,7 @@ async fn warm_cold(env: &Env) -> Result<Value> {
     } else {
         &[500, 1000, 2000]
     };
-    let (warm_n, cold_n) = if env.quick { (3, 1) } else { (5, 2) };
+    let (warm_n, cold_n) = if env.quick { (3, 2) } else { (5, 3) };
     let kv_dir = tempdir("warm-cold")?;
     let base = Settings::defaults().with(json!({
         "kv_dir": kv_dir, "n_ctx": 4096, "kv_tail_tokens": 3000, "reply_max_tokens": 32, "log_level": "warn",
@@ -266,77 +284,156 @@ async fn warm_cold(env: &Env) -> Result<Value> {
         None,
         EngineParams::from_settings(&base),
     )?);
-    let (pool, _) = fresh_db(env, "kvmem_bench_warm_cold").await?;
-    let ch = character(&pool).await?;
-    let warm_deps = llama_deps(&pool, base.clone(), engine.clone())?;
-    let rollback_deps = llama_deps(
-        &pool,
-        base.with(json!({"kv_only_enabled": false}))?,
-        engine.clone(),
-    )?;
     let store = SnapshotStore::new(&kv_dir, Limits::LOOSE);
     let mut rows = Vec::new();
+    let mut shares = Vec::new();
+    let mut ratios = Vec::new();
     println!("## Warm vs cold (SmolLM2-135M Q4_1, f16 KV, reply ≤ 32 tokens)\n");
-    println!("| history tokens | mode | ttft ms (median) | ttft ratio to warm | turn ms (median) | turn ratio to warm | prefill ms (median) | n |");
+    println!("Cold re-prefills the whole dialogue: `cold (lost snapshot)` decodes the recorded KV dialogue, `rollback` rebuilds it from the text. Medians, [min–max] over n turns.\n");
+    println!("| history tokens | mode | ttft ms | cold ÷ this (ttft) | turn ms | prefill tokens | prefill ms | n |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for &size in sizes {
+        // A database per size: every size is one user's only history, so recall (on, as
+        // by default) never finds the same filler in another size's session.
+        let (pool, _) = fresh_db(env, &format!("kvmem_bench_warm_cold_{size}")).await?;
+        let ch = character(&pool).await?;
+        let warm_deps = llama_deps(&pool, base.clone(), engine.clone())?;
+        let rollback_deps = llama_deps(
+            &pool,
+            base.with(json!({"kv_only_enabled": false}))?,
+            engine.clone(),
+        )?;
         let sid = format!("wc{size}");
         let history = seed_history(&pool, &engine, &sid, ch, size).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
-        // Per mode: ttft, turn latency, prefill ms.
-        type Samples = (Vec<f64>, Vec<f64>, Vec<f64>);
-        let mut modes: BTreeMap<&str, Samples> = BTreeMap::new();
+        let mut modes: BTreeMap<&str, Vec<TurnTimes>> = BTreeMap::new();
         for i in 0..cold_n {
-            let (t, l, cold, _, p) =
+            let t =
                 timed_turn(&rollback_deps, &sid, ch, &format!("Rollback question {i}?")).await?;
-            assert!(cold);
-            let e = modes.entry("rollback (KV_ONLY_ENABLED=false)").or_default();
-            e.0.push(t);
-            e.1.push(l);
-            e.2.push(p);
+            anyhow::ensure!(t.cold, "a rollback turn ran warm");
+            modes.entry("rollback").or_default().push(t);
         }
         // The first kv_only turn finds no snapshot (rollback turns write none): it is cold.
-        let (t, l, cold, _, p) = timed_turn(&warm_deps, &sid, ch, "Status report?").await?;
-        assert!(cold);
-        let e = modes.entry("cold (lost snapshot)").or_default();
-        e.0.push(t);
-        e.1.push(l);
-        e.2.push(p);
+        let t = timed_turn(&warm_deps, &sid, ch, "Status report?").await?;
+        anyhow::ensure!(t.cold, "the first kv_only turn found a snapshot");
+        modes.entry("cold (lost snapshot)").or_default().push(t);
         for i in 0..warm_n {
-            let (t, l, cold, loaded, p) =
-                timed_turn(&warm_deps, &sid, ch, &format!("Warm question {i}?")).await?;
-            assert!(!cold && loaded as usize >= history);
-            let e = modes.entry("warm (snapshot)").or_default();
-            e.0.push(t);
-            e.1.push(l);
-            e.2.push(p);
+            let t = timed_turn(&warm_deps, &sid, ch, &format!("Warm question {i}?")).await?;
+            anyhow::ensure!(
+                !t.cold && t.tokens_loaded as usize >= history,
+                "a warm turn ran cold or lost history"
+            );
+            modes.entry("warm (snapshot)").or_default().push(t);
         }
         for i in 1..cold_n {
             store.remove(&scope)?;
-            let (t, l, cold, _, p) =
-                timed_turn(&warm_deps, &sid, ch, &format!("After loss {i}?")).await?;
-            assert!(cold);
-            let e = modes.entry("cold (lost snapshot)").or_default();
-            e.0.push(t);
-            e.1.push(l);
-            e.2.push(p);
+            let t = timed_turn(&warm_deps, &sid, ch, &format!("After loss {i}?")).await?;
+            anyhow::ensure!(t.cold, "a turn after the snapshot's loss ran warm");
+            modes.entry("cold (lost snapshot)").or_default().push(t);
         }
-        let mut warm = modes["warm (snapshot)"].clone();
-        let (wt, wl) = (median(&mut warm.0), median(&mut warm.1));
-        for (mode, (mut t, mut l, mut p)) in modes {
-            let (mt, ml, mp) = (median(&mut t), median(&mut l), median(&mut p));
-            println!(
-                "| {history} | {mode} | {mt:.0} | {:.1}× | {ml:.0} | {:.1}× | {mp:.0} | {} |",
-                mt / wt,
-                ml / wl,
-                t.len()
+        let col = |v: &[TurnTimes], f: fn(&TurnTimes) -> i32| -> Vec<f64> {
+            v.iter().map(|t| f(t) as f64).collect()
+        };
+        let warm = &modes["warm (snapshot)"];
+        let warm_ttft = median(&mut col(warm, |t| t.ttft_ms));
+        let cold_ttft = median(&mut col(&modes["cold (lost snapshot)"], |t| t.ttft_ms));
+        let rollback_ttft = median(&mut col(&modes["rollback"], |t| t.ttft_ms));
+        for (mode, v) in &modes {
+            let (ttft, turn, ptok, pms) = (
+                col(v, |t| t.ttft_ms),
+                col(v, |t| t.latency_ms),
+                col(v, |t| t.prefill_tokens),
+                col(v, |t| t.prefill_ms),
             );
-            rows.push(json!({"history_tokens": history, "mode": mode, "ttft_ms": stats(&t), "turn_ms": stats(&l), "prefill_ms": stats(&p),
-                "ttft_ratio_to_warm": mt / wt, "turn_ratio_to_warm": ml / wl}));
+            let mt = median(&mut ttft.clone());
+            println!(
+                "| {history} | {mode} | {} | {:.1}× | {} | {:.0} | {:.0} | {} |",
+                spread(&ttft),
+                cold_ttft / mt,
+                spread(&turn),
+                median(&mut ptok.clone()),
+                median(&mut pms.clone()),
+                v.len()
+            );
+            rows.push(
+                json!({"history_tokens": history, "mode": mode, "ttft_ms": stats(&ttft),
+                "turn_ms": stats(&turn), "prefill_tokens": stats(&ptok), "prefill_ms": stats(&pms),
+                "cold_over_this_ttft": cold_ttft / mt}),
+            );
         }
+        // Where a warm turn's time goes. TTFT is what the turn spent before its engine
+        // thread (inputs, recall, the snapshot read), the restore, the prefill and the
+        // first token's sampling.
+        let part = |f: fn(&TurnTimes) -> i32| median(&mut col(warm, f));
+        let (turn, ttft, load, prefill) = (
+            part(|t| t.latency_ms),
+            part(|t| t.ttft_ms),
+            part(|t| t.load_ms),
+            part(|t| t.prefill_ms),
+        );
+        let before = (ttft - load - prefill).max(0.0);
+        let (gen, redecode, save) = (
+            part(|t| t.generate_ms),
+            part(|t| t.redecode_ms),
+            part(|t| t.save_ms),
+        );
+        shares.push((history, turn, before, load, prefill, gen, redecode, save));
+        ratios.push((history, cold_ttft / warm_ttft, rollback_ttft / warm_ttft));
+        rows.push(
+            json!({"history_tokens": history, "mode": "warm share", "turn_ms": turn,
+            "before_engine_ms": before, "load_ms": load, "prefill_ms": prefill,
+            "generate_ms": gen, "redecode_ms": redecode, "save_ms": save}),
+        );
+        pool.close().await;
+    }
+    println!("\nA warm turn's time (medians; `inputs + read` is the turn's work before its engine thread: HUD, digest, recall, the snapshot file):\n");
+    println!("| history tokens | turn ms | inputs + read | restore | prefill | generate | re-decode | save |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (h, turn, before, load, prefill, gen, redecode, save) in &shares {
+        let pc = |x: f64| format!("{x:.0} ({:.0}%)", 100.0 * x / turn);
+        println!(
+            "| {h} | {turn:.0} | {} | {} | {} | {} | {} | {} |",
+            pc(*before),
+            pc(*load),
+            pc(*prefill),
+            pc(*gen),
+            pc(*redecode),
+            pc(*save)
+        );
     }
     println!();
-    Ok(json!({"suite": "warm-cold", "model": env.smollm2, "rows": rows}))
+    for (h, cold, rollback) in &ratios {
+        let goal = RATIO_GOALS
+            .iter()
+            .find(|(size, _)| h.abs_diff(*size) * 10 <= *size)
+            .map_or(String::new(), |(_, g)| {
+                format!(
+                    " (goal ≥ {g:.0}×: {})",
+                    if cold >= g { "met" } else { "NOT met" }
+                )
+            });
+        println!("- {h} tokens: cold ÷ warm TTFT {cold:.1}×{goal}; rollback ÷ warm {rollback:.1}×");
+    }
+    println!();
+    if env.quick {
+        let (h, cold, _) = ratios[0];
+        anyhow::ensure!(
+            cold >= QUICK_RATIO_FLOOR,
+            "warm-cold regression: cold ÷ warm TTFT at {h} tokens is {cold:.1}×, under the floor of {QUICK_RATIO_FLOOR}×"
+        );
+    }
+    let ratios: Vec<Value> = ratios
+        .iter()
+        .map(|(h, c, r)| json!({"history_tokens": h, "cold_over_warm_ttft": c, "rollback_over_warm_ttft": r}))
+        .collect();
+    Ok(json!({"suite": "warm-cold", "model": env.smollm2, "rows": rows, "ratios": ratios}))
+}
+
+/// `median [min–max]` of a sample.
+fn spread(v: &[f64]) -> String {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.0} [{lo:.0}–{hi:.0}]", median(&mut v.to_vec()))
 }
 
 fn tempdir(name: &str) -> Result<PathBuf> {

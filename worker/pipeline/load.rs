@@ -23,14 +23,15 @@ impl TurnPipeline {
         scope: &str,
         inputs: &Inputs,
         last_done: LastDone,
+        file: Option<Loaded>,
     ) -> Result<(Start, Option<String>), TurnError> {
-        if !self.settings.kv_only_enabled {
+        let Some(file) = file else {
             // The rollback path re-reads the dialogue text on every turn, by design.
             let exchanges = history::recent(&self.db, &turn.session_id).await?;
             let reason = "KV_ONLY_ENABLED=false".to_string();
             return Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)));
-        }
-        match self.load_snapshot(turn, scope, last_done).await {
+        };
+        match self.check_snapshot(turn, scope, last_done, file).await {
             (Some(snap), _) => Ok((Start::Snapshot(snap), None)),
             (None, reason) => {
                 let reason = reason.unwrap_or_else(|| "no snapshot".to_string());
@@ -116,19 +117,30 @@ impl TurnPipeline {
         Ok(record)
     }
 
-    /// Reads and checks the session's snapshot. Any problem means a cold start, with the reason.
-    pub(super) async fn load_snapshot(
+    /// Reads the session's snapshot file off the runtime, or `None` on the rollback path,
+    /// which never reads one. The read needs nothing from the turn's other inputs, so it
+    /// runs while they are gathered; whether the file may be trusted is decided after.
+    pub(super) async fn read_snapshot(&self, scope: &str) -> Option<Loaded> {
+        if !self.settings.kv_only_enabled {
+            return None;
+        }
+        let store = self.store.clone();
+        let scope = scope.to_string();
+        Some(
+            tokio::task::spawn_blocking(move || store.load(&scope))
+                .await
+                .unwrap_or_else(|e| Loaded::Unreadable(format!("snapshot load panicked: {e}"))),
+        )
+    }
+
+    /// Checks the session's snapshot file. Any problem means a cold start, with the reason.
+    async fn check_snapshot(
         &self,
         turn: &ClaimedTurn,
         scope: &str,
         last_done: LastDone,
+        loaded: Loaded,
     ) -> (Option<Box<Snapshot>>, Option<String>) {
-        let store = self.store.clone();
-        let scope2 = scope.to_string();
-        let loaded = match tokio::task::spawn_blocking(move || store.load(&scope2)).await {
-            Ok(l) => l,
-            Err(e) => return (None, Some(format!("snapshot load panicked: {e}"))),
-        };
         let snap = match loaded {
             Loaded::Missing => return (None, Some("no snapshot".into())),
             Loaded::Unreadable(e) => {

@@ -113,14 +113,20 @@ impl TurnPipeline {
         let s = &self.settings;
         let turn_started = Instant::now();
         let mut log = KvLog::start(self.path(), &turn.session_id, s.n_ctx);
-        let inputs = self.inputs(turn).await?;
-        let last_done = crate::queue::last_done(&self.db, &turn.session_id)
-            .await
+        let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
+        // The inputs, the last committed turn and the snapshot file are independent reads:
+        // together they take as long as the slowest, which is the time to first token.
+        let (inputs, last_done, file) = tokio::join!(
+            self.inputs(turn),
+            crate::queue::last_done(&self.db, &turn.session_id),
+            self.read_snapshot(&scope),
+        );
+        let inputs = inputs?;
+        let last_done = last_done
             .map_err(|e| TurnError::retryable_from("reading the last committed turn", e))?;
 
         // 1. Load KV: a trusted snapshot, or how a cold start rebuilds the dialogue.
-        let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
-        let (start, mut cold_reason) = self.start(turn, &scope, &inputs, last_done).await?;
+        let (start, mut cold_reason) = self.start(turn, &scope, &inputs, last_done, file).await?;
 
         // 2–4. Prune, build the context (HUD, digest when due, message), generate.
         let job = TurnJob {
@@ -182,36 +188,46 @@ impl TurnPipeline {
         })
     }
 
-    /// The character's HUD line and base prompt, and the session's current digest.
+    /// The character's HUD line and base prompt, the session's current digest, the context
+    /// block, and what memory adds (an in-chat command's answer, recall). The reads are
+    /// independent but for recall, which follows the command so a `forget` is already
+    /// carried out when recall runs; they run together.
     async fn inputs(&self, turn: &ClaimedTurn) -> Result<Inputs, TurnError> {
         let s = &self.settings;
         let tok: &dyn TokenCount = self.engine().as_ref();
-        let hud_row = hud::fetch(&self.db, turn.character_id, &turn.user_id).await;
+        let memory = async {
+            let memory = self.memory().await;
+            let (reply_prefix, memory_ops) = match (memory, commands::parse(&turn.message)) {
+                (Some(svc), Some(cmd)) => commands::carry_out(svc, turn, cmd).await,
+                _ => (String::new(), Vec::new()),
+            };
+            let recalled = match memory {
+                Some(svc) if s.memory_max_tokens > 0 => {
+                    recall::gather(svc, turn, &turn.message).await
+                }
+                _ => recall::Recalled::default(),
+            };
+            (reply_prefix, memory_ops, recalled)
+        };
+        let (hud_row, digest, context, (reply_prefix, memory_ops, recalled)) = tokio::join!(
+            hud::fetch(&self.db, turn.character_id, &turn.user_id),
+            digest::current(
+                &self.db,
+                &turn.session_id,
+                s.digest_max_tokens as usize,
+                tok,
+                &self.metrics,
+            ),
+            self.context(turn),
+            memory,
+        );
         let hud = hud::line_or_minimal(&hud_row, s.hud_max_tokens as usize, tok);
         let base_prompt = base_prompt(s, hud_row.as_ref().ok().and_then(|r| r.as_ref()));
-        let digest = digest::current(
-            &self.db,
-            &turn.session_id,
-            s.digest_max_tokens as usize,
-            tok,
-            &self.metrics,
-        )
-        .await?;
-        let context = self.context(turn).await?;
-        let memory = self.memory().await;
-        let (reply_prefix, memory_ops) = match (memory, commands::parse(&turn.message)) {
-            (Some(svc), Some(cmd)) => commands::carry_out(svc, turn, cmd).await,
-            _ => (String::new(), Vec::new()),
-        };
-        let recalled = match memory {
-            Some(svc) if s.memory_max_tokens > 0 => recall::gather(svc, turn, &turn.message).await,
-            _ => recall::Recalled::default(),
-        };
         Ok(Inputs {
             base_prompt,
             hud,
-            digest,
-            context,
+            digest: digest?,
+            context: context?,
             recalled,
             reply_prefix,
             memory_ops,
