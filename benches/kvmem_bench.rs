@@ -4,6 +4,7 @@
 //! in one run because the machine is shared and noisy. Run through `ops/bench`.
 //!
 //! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [queue] [growth] [recall]`
+//! and, on demand, `warm-cold-q4_0`: the warm-cold suite on SmolLM2 re-quantized to Q4_0.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -63,7 +64,12 @@ async fn main() -> Result<()> {
     for suite in suites {
         let started = Instant::now();
         let value = match suite {
-            "warm-cold" => warm_cold(&env).await?,
+            "warm-cold" => warm_cold(&env, &env.smollm2).await?,
+            "warm-cold-q4_0" => {
+                let path = std::env::var("KVMEM_BENCH_MODEL_Q4_0")
+                    .context("KVMEM_BENCH_MODEL_Q4_0 (ops/bench sets it)")?;
+                warm_cold(&env, Path::new(&path)).await?
+            }
             "snapshot-io" => snapshot_io(&env)?,
             "digest" => digest_latency(&env).await?,
             "queue" => queue(&env).await?,
@@ -268,7 +274,7 @@ const QUICK_RATIO_FLOOR: f64 = 8.0;
 /// The goals the speed work set: cold ÷ warm TTFT at about 1,000 and 2,000 tokens.
 const RATIO_GOALS: [(usize, f64); 2] = [(1000, 50.0), (2000, 100.0)];
 
-async fn warm_cold(env: &Env) -> Result<Value> {
+async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
     let sizes: &[usize] = if env.quick {
         &[500]
     } else {
@@ -280,7 +286,7 @@ async fn warm_cold(env: &Env) -> Result<Value> {
         "kv_dir": kv_dir, "n_ctx": 4096, "kv_tail_tokens": 3000, "reply_max_tokens": 32, "log_level": "warn",
     }))?;
     let engine = Arc::new(Engine::load(
-        &env.smollm2,
+        model,
         None,
         EngineParams::from_settings(&base),
     )?);
@@ -288,7 +294,8 @@ async fn warm_cold(env: &Env) -> Result<Value> {
     let mut rows = Vec::new();
     let mut shares = Vec::new();
     let mut ratios = Vec::new();
-    println!("## Warm vs cold (SmolLM2-135M Q4_1, f16 KV, reply ≤ 32 tokens)\n");
+    let name = model.file_name().unwrap_or_default().to_string_lossy();
+    println!("## Warm vs cold ({name}, f16 KV, reply ≤ 32 tokens)\n");
     println!("Cold re-prefills the whole dialogue: `cold (lost snapshot)` decodes the recorded KV dialogue, `rollback` rebuilds it from the text. Medians, [min–max] over n turns.\n");
     println!("| history tokens | mode | ttft ms | cold ÷ this (ttft) | turn ms | prefill tokens | prefill ms | n |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
@@ -426,7 +433,7 @@ async fn warm_cold(env: &Env) -> Result<Value> {
         .iter()
         .map(|(h, c, r)| json!({"history_tokens": h, "cold_over_warm_ttft": c, "rollback_over_warm_ttft": r}))
         .collect();
-    Ok(json!({"suite": "warm-cold", "model": env.smollm2, "rows": rows, "ratios": ratios}))
+    Ok(json!({"suite": "warm-cold", "model": model, "rows": rows, "ratios": ratios}))
 }
 
 /// `median [min–max]` of a sample.

@@ -419,8 +419,8 @@ async fn a_cold_start_prefills_the_earlier_exchanges(pool: PgPool) {
     }
 }
 
-/// The HUD off the first-token path: the saved KV ends with the HUD, a warm turn whose HUD
-/// has not changed decodes its message alone, and a changed HUD replaces the old one, which
+/// The HUD off the first-token path: the saved KV ends with the HUD (and the next user
+/// block's opening), a warm turn whose HUD has not changed decodes its message alone, and a changed HUD replaces the old one, which
 /// leaves the KV, so the KV never holds two.
 #[sqlx::test(migrations = false)]
 async fn an_unchanged_hud_stays_in_the_kv_and_a_changed_one_replaces_it(pool: PgPool) {
@@ -436,7 +436,12 @@ async fn an_unchanged_hud_stays_in_the_kv_and_a_changed_one_replaces_it(pool: Pg
     let msg = "what is ahead of us?";
     let (_, warm) = one_turn(&deps, "s", "u1", ch, msg).await;
     assert!(warm.loaded && warm.hud_kept, "{warm:?}");
-    let message = engine.block(&engine.frame.user, &[msg]).len() as i32;
+    // The HUD segment ends with the user block's opening: only the message and the
+    // block's close are left to decode.
+    let opener = engine
+        .tokenize_special(&engine.frame.user.parts[0], false)
+        .len();
+    let message = (engine.block(&engine.frame.user, &[msg]).len() - opener) as i32;
     assert_eq!(warm.prefill_tokens, message, "{warm:?}");
     let kv = kv_segments(&pool, &engine, "s").await;
     let huds: Vec<_> = kv.iter().filter(|(s, _)| s.kind == SegKind::Hud).collect();

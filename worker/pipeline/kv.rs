@@ -105,8 +105,13 @@ pub struct TurnRun {
 /// The turn's fixed blocks, tokenized once.
 struct Blocks {
     base: Vec<LlamaToken>,
+    /// The HUD segment: the HUD block, then the opening of the next user block (a role
+    /// header, the same on every turn), so a warm turn whose HUD has not changed decodes
+    /// only its message.
     hud: Vec<LlamaToken>,
+    /// The user block: `opener` tokens, the message, the block's close.
     user: Vec<LlamaToken>,
+    opener: usize,
     /// The worker-written start of the reply (empty for an ordinary turn).
     prefix: Vec<LlamaToken>,
     close: Vec<LlamaToken>,
@@ -123,6 +128,10 @@ struct Injected {
 }
 
 impl Injected {
+    fn any(&self) -> bool {
+        self.digest.is_some() || self.context.is_some() || self.recall.is_some()
+    }
+
     fn context_len(&self) -> u32 {
         self.context.as_ref().map_or(0, |(c, _)| c.len() as u32)
     }
@@ -140,10 +149,18 @@ pub fn run_in_context(
     abort: &AtomicBool,
 ) -> Result<KvOutcome, TurnError> {
     let started = Instant::now();
+    // `block` tokenizes the frame's parts apart from the content, so the user block always
+    // starts with exactly these tokens.
+    let opener = engine.tokenize_special(&engine.frame.user.parts[0], false);
     let blocks = Blocks {
         base: engine.base_tokens(&job.base_prompt),
-        hud: engine.block(&engine.frame.system, &[&job.hud]),
+        hud: [
+            engine.block(&engine.frame.system, &[&job.hud]),
+            opener.clone(),
+        ]
+        .concat(),
         user: engine.block(&engine.frame.user, &[&job.user]),
+        opener: opener.len(),
         prefix: if job.reply_prefix.is_empty() {
             Vec::new()
         } else {
@@ -208,16 +225,23 @@ pub fn run_in_context(
         session.append(&blocks.hud, Some(SegKind::Hud))?;
     }
     let hud_start = session.len() - blocks.hud.len() as u32;
-    if let Some(tokens) = &injected.digest {
-        session.append(tokens, Some(SegKind::Digest))?;
+    if injected.any() {
+        // Injected blocks go between the HUD and the message: the user block's opening,
+        // which ends the HUD segment, leaves the end of the KV first (no shift needed).
+        session.truncate_tail(session.len() - blocks.opener as u32)?;
+        if let Some(tokens) = &injected.digest {
+            session.append(tokens, Some(SegKind::Digest))?;
+        }
+        if let Some((tokens, version)) = &injected.context {
+            session.append_segment(tokens, SegKind::Context, version)?;
+        }
+        if let Some((tokens, keys)) = &injected.recall {
+            session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
+        }
+        session.append(&blocks.user, Some(SegKind::Turn))?;
+    } else {
+        session.append(&blocks.user[blocks.opener..], Some(SegKind::Turn))?;
     }
-    if let Some((tokens, version)) = &injected.context {
-        session.append_segment(tokens, SegKind::Context, version)?;
-    }
-    if let Some((tokens, keys)) = &injected.recall {
-        session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
-    }
-    session.append(&blocks.user, Some(SegKind::Turn))?;
     session.append(&blocks.prefix, None)?;
     let mut stats = GenStats {
         prefill_ms: prefill_started.elapsed().as_millis() as u64,
@@ -231,9 +255,11 @@ pub fn run_in_context(
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
     // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored.
     let hidden = memory_line::split(&engine.detokenize(&reply));
-    let kept = hidden
-        .stripped
-        .then(|| engine.tokenize_plain(&hidden.reply));
+    let stored = if hidden.stripped {
+        engine.tokenize_plain(&hidden.reply)
+    } else {
+        reply.clone()
+    };
 
     // 5. The exchange stays, within the tail, and the current HUD goes back to the end.
     let redecode_started = Instant::now();
@@ -241,7 +267,7 @@ pub fn run_in_context(
         &mut session,
         hud_start,
         &blocks,
-        kept,
+        &stored,
         job.tail,
         job.turn_id,
     )?;
@@ -310,46 +336,41 @@ fn lay_back(
 }
 
 /// Step 5's KV half. Everything from the HUD on leaves the KV and is decoded again
-/// without the message's HUD in front of it: the blocks injected this turn, the exchange
-/// (message, reply, close) as one segment, then the current HUD as the last segment,
-/// where the next turn finds it. A prune comes first when the tail needs one. The saved
-/// KV is then exactly what a cold start decodes from the same tokens
-/// ([`history::decode_exact`]), and it never holds more than one HUD. `stored_reply`
-/// replaces the generated reply when the stored one differs (a memory-line tail was cut
-/// off), so the KV never holds the tail.
+/// without the HUD in front of the message: the blocks injected this turn, the exchange
+/// (message, reply, close) as one segment, then the HUD segment (the current HUD and the
+/// next user block's opening) as the last segment, where the next turn finds it. A prune
+/// comes first when the tail needs one. The saved KV is then exactly what a cold start
+/// decodes from the same tokens ([`history::decode_exact`]), and it never holds more than
+/// one HUD. `reply` is the reply as stored (without a memory-line tail), so the KV never
+/// holds the tail.
 fn settle(
     session: &mut KvSession,
     hud_start: u32,
     blocks: &Blocks,
-    stored_reply: Option<Vec<LlamaToken>>,
+    reply: &[LlamaToken],
     tail: u32,
     turn_id: i64,
 ) -> Result<(), TurnError> {
     // The segments after the HUD: this turn's injected blocks, then the exchange so far.
-    let mut after = Vec::new();
+    let mut injected = Vec::new();
     let mut at = 0usize;
     for seg in session.segments() {
         let span = at..at + seg.len as usize;
         at = span.end;
         if span.start > hud_start as usize {
-            after.push((seg.clone(), session.tokens()[span].to_vec()));
+            injected.push((seg.clone(), session.tokens()[span].to_vec()));
         }
     }
-    let Some((_, said)) = after.pop() else {
-        return Err(TurnError::fatal("the exchange is missing from the KV"));
-    };
-    let exchange = match stored_reply {
-        Some(reply) => [&blocks.user[..], &reply[..], &blocks.close[..]].concat(),
-        None => [&said[..], &blocks.close[..]].concat(),
-    };
+    injected.pop();
+    let exchange = [&blocks.user[..], reply, &blocks.close[..]].concat();
     session.truncate_tail(hud_start)?;
-    let room = (after.iter().map(|(_, t)| t.len()).sum::<usize>()
+    let room = (injected.iter().map(|(_, t)| t.len()).sum::<usize>()
         + exchange.len()
         + blocks.hud.len()) as u32;
     if session.len() + room > tail {
         session.prune_to(low_water(tail).saturating_sub(room))?;
     }
-    for (seg, tokens) in &after {
+    for (seg, tokens) in &injected {
         session.append_segment(tokens, seg.kind, &seg.tag)?;
     }
     session.append_segment(&exchange, SegKind::Turn, &turn_id.to_string())?;
@@ -511,9 +532,10 @@ fn budget(
     recall_room: u32,
 ) -> Result<(u32, u32), TurnError> {
     let n_ctx = engine.params.n_ctx;
+    // The HUD segment ends with the user block's opening.
     let hud = if hud_in_kv { 0 } else { blocks.hud.len() };
-    let fixed =
-        (hud + blocks.user.len() + blocks.prefix.len() + blocks.close.len()) as u32 + job.reply_max;
+    let message = blocks.user.len() - blocks.opener;
+    let fixed = (hud + message + blocks.prefix.len() + blocks.close.len()) as u32 + job.reply_max;
     let len = |b: &Option<Vec<LlamaToken>>| b.as_ref().map_or(0, Vec::len) as u32;
     // The base prompt and a kept HUD are in the KV, but no prune can take them out.
     let base = (blocks.base.len() + blocks.hud.len() - hud) as u32;
@@ -533,7 +555,7 @@ fn budget(
         return Err(TurnError::fatal(format!(
             "message does not fit the context: base {} + HUD {} + message {} + reply {} tokens > N_CTX {}",
             blocks.base.len(),
-            blocks.hud.len(),
+            blocks.hud.len() - blocks.opener,
             blocks.user.len() + blocks.prefix.len(),
             job.reply_max,
             n_ctx
