@@ -267,9 +267,10 @@ async fn timed_turn(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<TurnTi
 }
 
 /// The lowest cold ÷ warm TTFT ratio `--quick` accepts at its one size (about 500 tokens).
-/// A regression guard set well under what `ops/bench warm-cold` measures there, so noise
-/// alone does not trip it; not a timing claim.
-const QUICK_RATIO_FLOOR: f64 = 8.0;
+/// A regression guard, not a timing claim: measured there at 13.5× to 26.6× on SmolLM2 Q4_1 (the low end with
+/// another build and test run on the same 2 cores), so noise alone does not trip it, while
+/// a warm path that re-prefills or runs cold does.
+const QUICK_RATIO_FLOOR: f64 = 10.0;
 
 /// The goals the speed work set: cold ÷ warm TTFT at about 1,000 and 2,000 tokens.
 const RATIO_GOALS: [(usize, f64); 2] = [(1000, 50.0), (2000, 100.0)];
