@@ -420,8 +420,8 @@ async fn a_cold_start_prefills_the_earlier_exchanges(pool: PgPool) {
 }
 
 /// The HUD off the first-token path: the saved KV ends with the HUD (and the next user
-/// block's opening), a warm turn whose HUD has not changed decodes its message alone, and a changed HUD replaces the old one, which
-/// leaves the KV, so the KV never holds two.
+/// block's opening), a warm turn whose HUD has not changed decodes its message alone, and
+/// a changed HUD replaces the old one, which leaves the KV, so the KV never holds two.
 #[sqlx::test(migrations = false)]
 async fn an_unchanged_hud_stays_in_the_kv_and_a_changed_one_replaces_it(pool: PgPool) {
     migrate(&pool).await;
