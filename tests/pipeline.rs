@@ -15,6 +15,25 @@ fn scene_settings(dir: &std::path::Path, extra: serde_json::Value) -> kvmem::con
     s.with(extra).unwrap()
 }
 
+/// A migrated database with Ada for u1, and a tiny-model worker whose tail holds several
+/// whole exchanges.
+async fn long_tail_scene(
+    pool: &PgPool,
+) -> (
+    i64,
+    tempfile::TempDir,
+    std::sync::Arc<kvmem::engine::Engine>,
+    kvmem::runner::Deps,
+) {
+    migrate(pool).await;
+    let ch = character(pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = scene_settings(dir.path(), serde_json::json!({ "kv_tail_tokens": 900 }));
+    let engine = load_engine(&tiny_model(), &s);
+    let deps = llama_deps(pool, s, engine.clone(), "w1");
+    (ch, dir, engine, deps)
+}
+
 #[sqlx::test(migrations = false)]
 async fn warm_turns_resume_and_plateau_under_the_tail(pool: PgPool) {
     migrate(&pool).await;
@@ -383,12 +402,7 @@ async fn cold_start_rereads_the_dialogue(pool: PgPool) {
 /// KV it saves holds every earlier user message, not only the new turn.
 #[sqlx::test(migrations = false)]
 async fn a_cold_start_prefills_the_earlier_exchanges(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let dir = tempfile::tempdir().unwrap();
-    let s = scene_settings(dir.path(), serde_json::json!({ "kv_tail_tokens": 900 }));
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (ch, dir, engine, deps) = long_tail_scene(&pool).await;
     let words = ["amber", "basalt", "cobalt"];
     for w in words {
         let (_, log) = one_turn(&deps, "s", "u1", ch, &format!("remember {w}")).await;
@@ -424,12 +438,7 @@ async fn a_cold_start_prefills_the_earlier_exchanges(pool: PgPool) {
 /// a changed HUD replaces the old one, which leaves the KV, so the KV never holds two.
 #[sqlx::test(migrations = false)]
 async fn an_unchanged_hud_stays_in_the_kv_and_a_changed_one_replaces_it(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let dir = tempfile::tempdir().unwrap();
-    let s = scene_settings(dir.path(), serde_json::json!({ "kv_tail_tokens": 900 }));
-    let engine = load_engine(&tiny_model(), &s);
-    let deps = llama_deps(&pool, s, engine.clone(), "w1");
+    let (ch, _dir, engine, deps) = long_tail_scene(&pool).await;
     let (_, first) = one_turn(&deps, "s", "u1", ch, "hello there").await;
     assert!(first.cold && !first.hud_kept, "{first:?}");
 
