@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams, KvSession};
 use kvmem::runner::{self, Deps, Outcome};
-use kvmem::snapshot::{self, Limits, SegKind, SnapshotStore};
+use kvmem::snapshot::{self, FileStore, Limits, SegKind};
 use kvmem::system::{self, Model};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgPool};
@@ -291,7 +291,7 @@ async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
         None,
         EngineParams::from_settings(&base),
     )?);
-    let store = SnapshotStore::new(&kv_dir, Limits::LOOSE);
+    let store = FileStore::new(&kv_dir, Limits::LOOSE);
     let mut rows = Vec::new();
     let mut shares = Vec::new();
     let mut ratios = Vec::new();
@@ -505,7 +505,7 @@ fn snapshot_io(env: &Env) -> Result<Value> {
                 let mut h = header(kv, compress);
                 h.segments = segs.clone();
                 let file = snapshot::encode(&mut h, &ids, &state)?;
-                let store = SnapshotStore::new(&dir, Limits::LOOSE);
+                let store = FileStore::new(&dir, Limits::LOOSE);
                 let t = Instant::now();
                 store.save("io", &file)?;
                 p.entry("write").or_default().push(ms(t.elapsed()));

@@ -128,6 +128,67 @@ pub struct Settings {
     /// Entries per in-process summary cache (seed 004's LRU bound).
     #[serde(default = "default_summary_cache")]
     pub summary_cache_capacity: u64,
+
+    /// Where snapshots live: `local` (files in `kv_dir`) or `s3` (an S3-compatible object
+    /// store, with `kv_dir` as this worker's cache in front of it).
+    #[serde(default)]
+    pub snapshot_store: SnapshotStoreKind,
+    /// `http://host:port` of an S3-compatible server; unset = AWS.
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
+    #[serde(default)]
+    pub s3_bucket: Option<String>,
+    #[serde(default = "default_s3_region")]
+    pub s3_region: String,
+    #[serde(default)]
+    pub s3_access_key_id: Option<String>,
+    #[serde(default, skip_serializing)]
+    pub s3_secret_access_key: Option<String>,
+    /// Snapshots are `<s3_prefix>/<scope>.llkv` in the bucket.
+    #[serde(default = "default_s3_prefix")]
+    pub s3_prefix: String,
+    /// Bound on one object store request, retries included.
+    #[serde(default = "default_s3_timeout_ms")]
+    pub s3_timeout_ms: u64,
+    /// The local snapshot cache's cap in bytes, when snapshots live in an object store.
+    #[serde(default = "default_kv_cache_bytes")]
+    pub kv_cache_bytes: u64,
+    /// A worker prefers sessions whose last turn it ran (their snapshot is in its cache).
+    #[serde(default = "default_true")]
+    pub claim_affinity: bool,
+    /// How long a session's head may wait for the worker that ran its last turn before any
+    /// worker takes it.
+    #[serde(default = "default_affinity_wait_ms")]
+    pub affinity_wait_ms: u64,
+}
+
+/// Where snapshots live.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotStoreKind {
+    #[default]
+    Local,
+    S3,
+}
+
+fn default_s3_region() -> String {
+    "us-east-1".to_string()
+}
+
+fn default_s3_prefix() -> String {
+    "kvmem/snapshots".to_string()
+}
+
+fn default_s3_timeout_ms() -> u64 {
+    5000
+}
+
+fn default_kv_cache_bytes() -> u64 {
+    4 << 30
+}
+
+fn default_affinity_wait_ms() -> u64 {
+    500
 }
 
 fn default_memory_max_tokens() -> u32 {
@@ -243,9 +304,15 @@ impl Settings {
 
     /// Layers `overrides` (a serializable struct or map) over these settings.
     pub fn with(&self, overrides: impl Serialize) -> Result<Settings, ConfigError> {
+        // Secrets are never serialized (so never shown), so they are carried over apart.
+        let secrets = serde_json::json!({
+            "http_token": self.http_token,
+            "s3_secret_access_key": self.s3_secret_access_key,
+        });
         Self::extract(
             Figment::new()
                 .merge(Serialized::defaults(self))
+                .merge(Serialized::defaults(secrets))
                 .merge(Serialized::defaults(overrides)),
         )
     }
@@ -275,6 +342,23 @@ impl Settings {
         if let Some(sha) = &self.model_sha {
             if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return invalid("MODEL_SHA", "must be 64 hex digits (a SHA-256)");
+            }
+        }
+        if self.snapshot_store == SnapshotStoreKind::S3 {
+            if self.s3_bucket.as_deref().unwrap_or("").is_empty() {
+                return invalid(
+                    "KVMEM_S3_BUCKET",
+                    "must be set when KVMEM_SNAPSHOT_STORE=s3",
+                );
+            }
+            if self.s3_access_key_id.is_some() != self.s3_secret_access_key.is_some() {
+                return invalid(
+                    "KVMEM_S3_ACCESS_KEY_ID",
+                    "set both KVMEM_S3_ACCESS_KEY_ID and KVMEM_S3_SECRET_ACCESS_KEY, or neither",
+                );
+            }
+            if self.s3_timeout_ms == 0 {
+                return invalid("KVMEM_S3_TIMEOUT_MS", "must be at least 1");
             }
         }
         if self.concurrency == 0 {

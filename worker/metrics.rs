@@ -51,6 +51,7 @@ pub struct Metrics {
     reaped: Counter,
     commit_batch: Histogram,
     queue_depth: Family<QueueLabel, Gauge>,
+    snapshot_cache: crate::snapshot::CacheCounters,
 }
 
 /// The process-wide metrics: what `kvmem worker` and `kvmem serve` count into and expose.
@@ -80,6 +81,7 @@ impl Metrics {
             reaped: Counter::default(),
             commit_batch: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
             queue_depth: Family::default(),
+            snapshot_cache: crate::snapshot::CacheCounters::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -127,8 +129,38 @@ impl Metrics {
             "Turns by state and lane, read from Postgres at scrape",
             m.queue_depth.clone(),
         );
+        let cache = &m.snapshot_cache;
+        for (name, help, counter) in [
+            (
+                "snapshot_cache_hits",
+                "Snapshot loads served by a current copy in the local cache (object store mode)",
+                &cache.hits,
+            ),
+            (
+                "snapshot_cache_misses",
+                "Snapshot loads that read the object store (nothing cached, or a stale copy)",
+                &cache.misses,
+            ),
+            (
+                "snapshot_cache_evictions",
+                "Cached snapshots deleted to stay under KVMEM_KV_CACHE_BYTES",
+                &cache.evictions,
+            ),
+            (
+                "snapshot_remote_errors",
+                "Object store requests that failed or timed out",
+                &cache.remote_errors,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         register_summary_caches(&mut registry);
         Metrics { registry, ..m }
+    }
+
+    /// The snapshot cache's counters, for the store to count into.
+    pub fn snapshot_cache(&self) -> crate::snapshot::CacheCounters {
+        self.snapshot_cache.clone()
     }
 
     /// A finished attempt, as logged.

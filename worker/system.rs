@@ -116,7 +116,15 @@ pub fn deps(
     if settings.concurrency > settings.engine_slots {
         tracing::warn!("concurrency above engine_slots: extra turns wait for a free context");
     }
-    let pipeline = TurnPipeline::new(engine, settings.clone(), pool.clone(), metrics.clone())?;
+    let store = crate::pipeline::snapshot_store(&settings, &metrics)
+        .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))?;
+    let pipeline = TurnPipeline::new(
+        engine,
+        settings.clone(),
+        pool.clone(),
+        metrics.clone(),
+        store,
+    )?;
     Ok(Deps {
         pool,
         settings,

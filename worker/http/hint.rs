@@ -52,7 +52,7 @@ pub(super) async fn rotate_hint(
         }
     };
     let s = &state.settings;
-    let path = snapshot::SnapshotStore::new(&s.kv_dir, Limits::LOOSE)
+    let path = snapshot::FileStore::new(&s.kv_dir, Limits::LOOSE)
         .path(&snapshot::scope_key(&user, character, &sid));
     let header = std::fs::read(&path).ok().and_then(|bytes| {
         snapshot::parse_header(&bytes, Limits::LOOSE)

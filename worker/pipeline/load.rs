@@ -117,20 +117,15 @@ impl TurnPipeline {
         Ok(record)
     }
 
-    /// Reads the session's snapshot file off the runtime, or `None` on the rollback path,
-    /// which never reads one. The read needs nothing from the turn's other inputs, so it
-    /// runs while they are gathered; whether the file may be trusted is decided after.
-    pub(super) async fn read_snapshot(&self, scope: &str) -> Option<Loaded> {
+    /// Reads the session's local snapshot file, or `None` on the rollback path, which never
+    /// reads one. The read needs nothing from the turn's other inputs, so it runs while they
+    /// are gathered; whether the file is current (else the object store's copy is read) and
+    /// may be trusted is decided after.
+    pub(super) async fn read_snapshot(&self, scope: &str) -> Option<snapshot::store::Read> {
         if !self.settings.kv_only_enabled {
             return None;
         }
-        let store = self.store.clone();
-        let scope = scope.to_string();
-        Some(
-            tokio::task::spawn_blocking(move || store.load(&scope))
-                .await
-                .unwrap_or_else(|e| Loaded::Unreadable(format!("snapshot load panicked: {e}"))),
-        )
+        Some(self.store.read(scope).await)
     }
 
     /// Checks the session's snapshot file. Any problem means a cold start, with the reason.
@@ -163,7 +158,7 @@ impl TurnPipeline {
         if let Some(reason) = self.foreign(&snap.header) {
             // Valid, but made for another model, KV type, format or llama.cpp build: kept
             // aside for inspection, and the session starts over on this engine.
-            let quarantined = self.store.quarantine(scope);
+            let quarantined = self.store.quarantine(scope).await;
             info!(%reason, quarantined = ?quarantined, "snapshot header mismatch; cold start");
             event(
                 &self.db,

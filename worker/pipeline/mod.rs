@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::config::Settings;
+use crate::config::{Settings, SnapshotStoreKind};
 use crate::context::digest;
 use crate::context::hud;
 use crate::context::tokens::TokenCount;
@@ -63,16 +63,14 @@ impl TurnPipeline {
         settings: Arc<Settings>,
         db: PgPool,
         metrics: Arc<Metrics>,
+        store: SnapshotStore,
     ) -> Result<TurnPipeline, EngineError> {
         let engines = EnginePool::start(engine, settings.engine_slots)?;
-        let limits = Limits {
-            max_tokens: settings.n_ctx,
-            // f32 K+V of a large model is well under 1 MiB per token.
-            max_state_bytes: settings.n_ctx as u64 * (1 << 20),
-        };
-        let store = SnapshotStore::new(&settings.kv_dir, limits);
         // Writers killed mid-save leave per-process temp files that nothing else removes.
-        match store.sweep_stale_tmp(std::time::Duration::from_secs(600)) {
+        match store
+            .files()
+            .sweep_stale_tmp(std::time::Duration::from_secs(600))
+        {
             Ok(0) => {}
             Ok(n) => {
                 tracing::info!(removed = n, dir = %settings.kv_dir.display(), "removed stale snapshot temp files")
@@ -126,7 +124,18 @@ impl TurnPipeline {
             .map_err(|e| TurnError::retryable_from("reading the last committed turn", e))?;
 
         // 1. Load KV: a trusted snapshot, or how a cold start rebuilds the dialogue.
+        let (file, source) = match file {
+            Some(read) => {
+                let current = |h: &snapshot::Header| Some((h.turn_id, Some(h.fence))) == last_done;
+                let (loaded, source) = self.store.resolve(&scope, read, current).await;
+                (Some(loaded), Some(source))
+            }
+            None => (None, None),
+        };
         let (start, mut cold_reason) = self.start(turn, &scope, &inputs, last_done, file).await?;
+        if matches!(start, Start::Snapshot(_)) {
+            log.kv_source = source.map(snapshot::Source::as_str);
+        }
 
         // 2–4. Prune, build the context (HUD, digest when due, message), generate.
         let job = TurnJob {
@@ -294,6 +303,9 @@ impl TurnPipeline {
     ) {
         log.loaded = run.warm;
         log.cold = !run.warm;
+        if !run.warm {
+            log.kv_source = None;
+        }
         log.rebuild = run.rebuild;
         log.cold_reason = if run.warm {
             None
@@ -394,5 +406,31 @@ async fn event(pool: &PgPool, turn: &ClaimedTurn, kind: &str, detail: serde_json
         .await;
     if let Err(e) = r {
         warn!(error = %e, kind, "event not recorded");
+    }
+}
+
+/// The snapshot store the settings name: files in `kv_dir`, or an S3-compatible object
+/// store with `kv_dir` as the cache in front of it, counting into `metrics`.
+pub fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStore, String> {
+    let limits = Limits {
+        max_tokens: settings.n_ctx,
+        // f32 K+V of a large model is well under 1 MiB per token.
+        max_state_bytes: settings.n_ctx as u64 * (1 << 20),
+    };
+    match settings.snapshot_store {
+        SnapshotStoreKind::Local => Ok(SnapshotStore::local(&settings.kv_dir, limits)),
+        SnapshotStoreKind::S3 => {
+            let config = snapshot::RemoteConfig {
+                endpoint: settings.s3_endpoint.clone(),
+                bucket: settings.s3_bucket.clone().unwrap_or_default(),
+                region: settings.s3_region.clone(),
+                access_key_id: settings.s3_access_key_id.clone(),
+                secret_access_key: settings.s3_secret_access_key.clone(),
+                prefix: settings.s3_prefix.clone(),
+                timeout: std::time::Duration::from_millis(settings.s3_timeout_ms),
+                cache_bytes: settings.kv_cache_bytes,
+            };
+            SnapshotStore::remote(&settings.kv_dir, limits, &config, metrics.snapshot_cache())
+        }
     }
 }

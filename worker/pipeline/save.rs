@@ -49,16 +49,22 @@ impl TurnPipeline {
                 Compression::None
             })
             .with_timestamp(chrono::Utc::now().timestamp().max(0) as u64);
-        let (store, scope, tokens) = (self.store.clone(), scope.to_string(), run.token_ids.clone());
-        let result = tokio::task::spawn_blocking(move || {
-            let file = snapshot::encode(&mut header, &tokens, &state)?;
-            store.save_with(&scope, &file, &crate::faults::stop_point)
-        })
-        .await;
+        let tokens = run.token_ids.clone();
+        let encoded =
+            tokio::task::spawn_blocking(move || snapshot::encode(&mut header, &tokens, &state))
+                .await;
+        let result = match encoded {
+            Ok(Ok(file)) => self
+                .store
+                .save(scope, file, crate::faults::stop_point)
+                .await
+                .map_err(|e| e.to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("panicked: {e}")),
+        };
         match result {
-            Ok(Ok(_)) => crate::faults::stop_point("after_save"),
-            Ok(Err(e)) => error!(error = %e, "snapshot save failed; the next turn will start cold"),
-            Err(e) => error!(error = %e, "snapshot save panicked; the next turn will start cold"),
+            Ok(_) => crate::faults::stop_point("after_save"),
+            Err(e) => error!(error = %e, "snapshot save failed; the next turn will start cold"),
         }
         true
     }

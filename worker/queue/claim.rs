@@ -25,19 +25,47 @@ pub async fn claim_up_to(
     lanes: &[String],
     max: u32,
 ) -> Result<Vec<ClaimedTurn>> {
+    claim_preferring(pool, owner, lease_ms, lanes, max, None).await
+}
+
+/// [`claim_up_to`], with claim affinity when `affinity` is set: sessions whose last turn
+/// `owner` ran come first, and another worker's sessions are left to it until they have
+/// been ready for the `affinity` wait (`sql/queue/claim_next_affinity.sql`).
+pub async fn claim_preferring(
+    pool: &PgPool,
+    owner: &str,
+    lease_ms: u64,
+    lanes: &[String],
+    max: u32,
+    affinity: Option<std::time::Duration>,
+) -> Result<Vec<ClaimedTurn>> {
+    const PLAIN: &str = concat!(
+        include_str!("../../sql/queue/claim_next.sql"),
+        include_str!("../../sql/queue/claim_lease.sql")
+    );
+    const PREFERRING: &str = concat!(
+        include_str!("../../sql/queue/claim_next_affinity.sql"),
+        include_str!("../../sql/queue/claim_lease.sql")
+    );
     let mut claimed = Vec::new();
     for lane in lanes {
         let left = max.saturating_sub(claimed.len() as u32);
         if left == 0 {
             break;
         }
-        let rows = sqlx::query(include_str!("../../sql/queue/claim.sql"))
+        let query = match affinity {
+            None => sqlx::query(PLAIN),
+            Some(_) => sqlx::query(PREFERRING),
+        };
+        let mut query = query
             .bind(owner)
             .bind(lease_ms as f64)
             .bind(std::slice::from_ref(lane))
-            .bind(left as i64)
-            .fetch_all(pool)
-            .await;
+            .bind(left as i64);
+        if let Some(wait) = affinity {
+            query = query.bind(wait.as_millis() as f64);
+        }
+        let rows = query.fetch_all(pool).await;
         let rows = match rows {
             Ok(rows) => rows,
             // The unique index refused a second running turn in a session: nothing claimed.

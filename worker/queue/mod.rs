@@ -10,7 +10,7 @@ mod fail;
 mod reap;
 
 pub use crate::turn::{ClaimedTurn, TurnId, TurnState};
-pub use claim::{claim, claim_up_to, heartbeat, last_done, lease_held};
+pub use claim::{claim, claim_preferring, claim_up_to, heartbeat, last_done, lease_held};
 pub use complete::{complete, complete_many, Completion};
 pub use enqueue::{enqueue, enqueue_on};
 pub use fail::{fail, release};

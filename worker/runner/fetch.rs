@@ -30,6 +30,7 @@ pub(super) async fn fetch_loop(
 ) {
     let settings = deps.settings.clone();
     let capacity = settings.claim_batch.max(settings.concurrency) as usize;
+    let affinity = deps.generator.claim_affinity();
     let poll = Duration::from_millis(settings.poll_ms);
     let mut waiting: VecDeque<(ClaimedTurn, LeaseKeeper)> = VecDeque::new();
     let mut running: JoinSet<queue::Result<Outcome>> = JoinSet::new();
@@ -67,12 +68,13 @@ pub(super) async fn fetch_loop(
         // turn one batched claim into a statement per turn.
         let worth_it = waiting.is_empty() || want >= (capacity / 2).max(1);
         if claim_now && want > 0 && worth_it {
-            let claimed = queue::claim_up_to(
+            let claimed = queue::claim_preferring(
                 &deps.pool,
                 &deps.worker_id,
                 settings.lease_ms,
                 &settings.lanes,
                 want as u32,
+                affinity,
             )
             .await;
             match claimed {

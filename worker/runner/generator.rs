@@ -67,6 +67,20 @@ impl Generator {
         }
     }
 
+    /// The claim-affinity wait, when claims should prefer sessions this worker ran last:
+    /// only when snapshots live in an object store, so that the local cache is what the
+    /// preference buys. With local snapshots every worker of the host reads the same files.
+    pub fn claim_affinity(&self) -> Option<Duration> {
+        match self {
+            Generator::Llama(pipeline)
+                if pipeline.settings.claim_affinity && pipeline.store.remote_url().is_some() =>
+            {
+                Some(Duration::from_millis(pipeline.settings.affinity_wait_ms))
+            }
+            _ => None,
+        }
+    }
+
     /// The `path=` this generator logs.
     pub fn path(&self) -> TurnPath {
         match self {

@@ -1,12 +1,15 @@
 //! KV snapshots: the LLKV1 byte format ([`format`], the only file the fuzz crate compiles)
-//! and where the files live ([`store`]). The pipeline decides when a snapshot is trusted;
+//! and where they live: files on local disk ([`files`]), by themselves or as the cache in
+//! front of an object store ([`store`]). The pipeline decides when a snapshot is trusted;
 //! this module only guarantees that a damaged or foreign file is never read as a good one.
 
+pub mod files;
 pub mod format;
 pub mod store;
 
+pub use files::{scope_key, FileStore, Loaded};
 pub use format::{
     decode, encode, parse_header, parse_segments, render_segments, Compression, Header, Limits,
     SegKind, Segment, Snapshot, SnapshotError, FORMAT_VERSION, MAGIC,
 };
-pub use store::{scope_key, Loaded, SnapshotStore};
+pub use store::{CacheCounters, RemoteConfig, SnapshotStore, Source};

@@ -1,261 +1,467 @@
-//! Where snapshots live: one file per session scope under `KVMEM_KV_DIR`, replaced
-//! atomically, with corrupt files quarantined. The byte format is `format`'s alone, so
-//! another store (object storage) only has to move bytes.
+//! Where snapshots live: the snapshot files on local disk by default, or an object store
+//! (S3-compatible, through `object_store`) with those files as a byte-capped LRU cache in
+//! front of it, so a session's turn can land on any worker of a fleet and still resume warm.
+//! Only bytes move here: every check of the format and of the pipeline is the same for both.
 
-use std::fs::{self, File};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
-use sha2::{Digest, Sha256};
+use moka::notification::RemovalCause;
+use moka::policy::EvictionPolicy;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig};
+use prometheus_client::metrics::counter::Counter;
 
-use super::format::{decode, Limits, Snapshot, SnapshotError, MAX_HEADER_BYTES};
+use super::files::{verify, FileStore, Loaded};
+use super::format::{Header, Limits, SnapshotError};
 
-/// Where snapshots live: one file per session scope, replaced atomically.
+/// Where an object store is and how to reach it.
 #[derive(Debug, Clone)]
-pub struct SnapshotStore {
-    dir: PathBuf,
-    limits: Limits,
+pub struct RemoteConfig {
+    /// `http://host:port` for an S3-compatible server; unset = AWS itself.
+    pub endpoint: Option<String>,
+    pub bucket: String,
+    pub region: String,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    /// Key prefix: snapshots are `<prefix>/<scope>.llkv`.
+    pub prefix: String,
+    /// Bound on one request, retries included: an unreachable store costs a turn this long,
+    /// and then it runs cold.
+    pub timeout: Duration,
+    /// The local cache's size cap in bytes.
+    pub cache_bytes: u64,
 }
 
-/// The result of looking for a session's snapshot.
+/// The cache's counts, exposed in `/metrics` by whoever registers them.
+#[derive(Debug, Clone, Default)]
+pub struct CacheCounters {
+    /// Loads served by a current snapshot in the local cache.
+    pub hits: Counter,
+    /// Loads that went to the object store (nothing cached, or the cached copy was stale).
+    pub misses: Counter,
+    /// Cached snapshots deleted to stay under the byte cap.
+    pub evictions: Counter,
+    /// Object store requests that failed (unreachable, timed out, refused).
+    pub remote_errors: Counter,
+}
+
+/// The snapshot store: local files, or an object store behind a local cache.
+#[derive(Clone)]
+pub struct SnapshotStore {
+    files: FileStore,
+    remote: Option<Arc<Remote>>,
+}
+
+struct Remote {
+    store: Arc<dyn ObjectStore>,
+    /// `s3://bucket/prefix`, for logs and quarantine reports.
+    url: String,
+    prefix: String,
+    timeout: Duration,
+    /// Which scopes the cache directory holds and their sizes, in LRU order; evicting one
+    /// deletes its file. The files themselves stay the truth: a file the index lost is only
+    /// a miss.
+    index: moka::sync::Cache<String, u32>,
+    counters: CacheCounters,
+}
+
+/// Where a snapshot was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The snapshot files, with no object store.
+    Local,
+    /// This worker's cache in front of the object store.
+    Cache,
+    /// The object store itself.
+    Remote,
+}
+
+impl Source {
+    /// The name `turn_log.kv_source` records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Local => "local",
+            Source::Cache => "cache",
+            Source::Remote => "remote",
+        }
+    }
+}
+
+/// What a turn found before it knew whether the snapshot is current: see
+/// [`SnapshotStore::read`] and [`SnapshotStore::resolve`].
 #[derive(Debug)]
-pub enum Loaded {
-    /// No snapshot yet.
-    Missing,
-    /// A verified snapshot. Whether it fits the running engine is the caller's check.
-    Found(Box<Snapshot>),
-    /// The file was corrupt and has been renamed to `quarantined`.
-    Corrupt {
-        error: SnapshotError,
-        quarantined: Option<PathBuf>,
-    },
-    /// The file could not be read at all (permissions, I/O).
-    Unreadable(String),
+pub struct Read {
+    loaded: Loaded,
+}
+
+impl std::fmt::Debug for SnapshotStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotStore")
+            .field("dir", &self.files.dir())
+            .field("remote", &self.remote.as_ref().map(|r| r.url.as_str()))
+            .finish()
+    }
 }
 
 impl SnapshotStore {
-    pub fn new(dir: impl Into<PathBuf>, limits: Limits) -> SnapshotStore {
+    /// Snapshot files in `dir` and nothing else (the default).
+    pub fn local(dir: impl Into<PathBuf>, limits: Limits) -> SnapshotStore {
         SnapshotStore {
-            dir: dir.into(),
+            files: FileStore::new(dir, limits),
+            remote: None,
+        }
+    }
+
+    /// An object store with `dir` as its local cache. Nothing is contacted yet: an
+    /// unreachable store shows at the first load or save, as a cold turn, never here.
+    pub fn remote(
+        dir: impl Into<PathBuf>,
+        limits: Limits,
+        config: &RemoteConfig,
+        counters: CacheCounters,
+    ) -> Result<SnapshotStore, String> {
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name(&config.bucket)
+            .with_region(&config.region)
+            .with_retry(RetryConfig {
+                max_retries: 2,
+                retry_timeout: config.timeout,
+                ..RetryConfig::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_timeout(config.timeout)
+                    .with_connect_timeout(config.timeout.min(Duration::from_secs(2)))
+                    .with_allow_http(
+                        config
+                            .endpoint
+                            .as_deref()
+                            .is_some_and(|e| e.starts_with("http://")),
+                    ),
+            );
+        if let Some(endpoint) = &config.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let (Some(id), Some(secret)) = (&config.access_key_id, &config.secret_access_key) {
+            builder = builder
+                .with_access_key_id(id)
+                .with_secret_access_key(secret);
+        }
+        let store = builder
+            .build()
+            .map_err(|e| format!("object store s3://{}: {e}", config.bucket))?;
+        Ok(Self::over(
+            dir,
             limits,
+            Arc::new(store),
+            format!("s3://{}", config.bucket),
+            config,
+            counters,
+        ))
+    }
+
+    /// The cache over any `ObjectStore`; [`remote`](Self::remote) builds the S3 one.
+    pub fn over(
+        dir: impl Into<PathBuf>,
+        limits: Limits,
+        store: Arc<dyn ObjectStore>,
+        url: String,
+        config: &RemoteConfig,
+        counters: CacheCounters,
+    ) -> SnapshotStore {
+        let files = FileStore::new(dir, limits);
+        let evict = (files.clone(), counters.evictions.clone());
+        let index = moka::sync::Cache::builder()
+            .max_capacity(config.cache_bytes)
+            .weigher(|_: &String, bytes: &u32| *bytes)
+            .eviction_policy(EvictionPolicy::lru())
+            .eviction_listener(move |scope: Arc<String>, _, cause| {
+                if cause == RemovalCause::Size {
+                    if let Err(e) = evict.0.remove(&scope) {
+                        tracing::warn!(error = %e, %scope, "could not delete an evicted snapshot");
+                    }
+                    evict.1.inc();
+                }
+            })
+            .build();
+        // Files left by an earlier run are the cache's start, oldest first so they leave
+        // first; over the cap, the oldest go now.
+        match files.list() {
+            Ok(found) => {
+                for (scope, len) in found {
+                    index.insert(scope, weight(len));
+                }
+                index.run_pending_tasks();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %files.dir().display(), "could not list cached snapshots")
+            }
+        }
+        let prefix = config.prefix.trim_matches('/').to_string();
+        SnapshotStore {
+            files,
+            remote: Some(Arc::new(Remote {
+                store,
+                url: if prefix.is_empty() {
+                    url
+                } else {
+                    format!("{url}/{prefix}")
+                },
+                prefix,
+                timeout: config.timeout,
+                index,
+                counters,
+            })),
         }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// The local directory: every snapshot without an object store, the cache with one.
+    pub fn files(&self) -> &FileStore {
+        &self.files
     }
 
-    /// The file for a scope key (see [`scope_key`]).
-    pub fn path(&self, scope: &str) -> PathBuf {
-        self.dir.join(format!("{scope}.llkv"))
+    /// The object store's URL, when there is one.
+    pub fn remote_url(&self) -> Option<&str> {
+        self.remote.as_ref().map(|r| r.url.as_str())
     }
 
-    /// Reads and verifies; a corrupt file is quarantined, never deleted.
-    pub fn load(&self, scope: &str) -> Loaded {
-        let path = self.path(scope);
-        let len = match fs::metadata(&path) {
-            Ok(m) => m.len(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Loaded::Missing,
-            Err(e) => return Loaded::Unreadable(e.to_string()),
+    /// The local copy, read off the runtime. Half of a load: it needs nothing from the
+    /// database, so it runs while the turn's other inputs are read; [`resolve`](Self::resolve)
+    /// finishes it once the session's last committed turn is known.
+    pub async fn read(&self, scope: &str) -> Read {
+        let files = self.files.clone();
+        let scope_owned = scope.to_string();
+        let loaded = tokio::task::spawn_blocking(move || files.load(&scope_owned))
+            .await
+            .unwrap_or_else(|e| Loaded::Unreadable(format!("snapshot load panicked: {e}")));
+        if let Some(remote) = &self.remote {
+            // Touch the LRU order; a file the index does not know (its insert raced an
+            // eviction) is indexed again.
+            if let Loaded::Found(snap) = &loaded {
+                if remote.index.get(scope).is_none() {
+                    remote
+                        .index
+                        .insert(scope.to_string(), weight(snap.state.len() as u64));
+                }
+            }
+        }
+        Read { loaded }
+    }
+
+    /// The snapshot to check: the local copy when there is no object store, or when
+    /// `current` accepts its header (a cache hit); else the object store's (a miss), which
+    /// then replaces the cached copy. A local copy `current` refuses is not the latest when
+    /// another worker ran the session's last turn.
+    pub async fn resolve(
+        &self,
+        scope: &str,
+        read: Read,
+        current: impl Fn(&Header) -> bool,
+    ) -> (Loaded, Source) {
+        let Some(remote) = &self.remote else {
+            return (read.loaded, Source::Local);
         };
-        // Bound the read by what a valid file could be, before allocating.
-        let max_len = MAX_HEADER_BYTES as u64
-            + self.limits.max_tokens as u64 * 4
-            + self.limits.max_state_bytes;
-        if len > max_len {
-            let error = SnapshotError::Limit {
-                field: "file size",
-                value: len,
-                limit: max_len,
-            };
-            return self.quarantine_corrupt(&path, error);
+        if let Loaded::Found(snap) = &read.loaded {
+            if current(&snap.header) {
+                remote.counters.hits.inc();
+                return (read.loaded, Source::Cache);
+            }
         }
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Loaded::Missing,
-            Err(e) => return Loaded::Unreadable(e.to_string()),
+        if let Loaded::Corrupt { error, quarantined } = &read.loaded {
+            tracing::warn!(%error, ?quarantined, "cached snapshot corrupt; reading the object store");
+        }
+        remote.counters.misses.inc();
+        (self.fetch(remote, scope).await, Source::Remote)
+    }
+
+    async fn fetch(&self, remote: &Remote, scope: &str) -> Loaded {
+        let path = remote.path(scope);
+        let max_len = self.files.max_len();
+        let got = tokio::time::timeout(remote.timeout, async {
+            let got = remote.store.get(&path).await?;
+            if got.meta.size > max_len {
+                return Ok(Err(SnapshotError::Limit {
+                    field: "object size",
+                    value: got.meta.size,
+                    limit: max_len,
+                }));
+            }
+            got.bytes().await.map(Ok)
+        })
+        .await;
+        let bytes = match got {
+            Ok(Ok(Ok(bytes))) => bytes,
+            Ok(Ok(Err(error))) => return self.quarantine_remote(scope, error).await,
+            Ok(Err(object_store::Error::NotFound { .. })) => return Loaded::Missing,
+            Ok(Err(e)) => {
+                remote.counters.remote_errors.inc();
+                return Loaded::Unreadable(format!("object store {}: {e}", remote.url));
+            }
+            Err(_) => {
+                remote.counters.remote_errors.inc();
+                return Loaded::Unreadable(format!(
+                    "object store {}: no answer in {} ms",
+                    remote.url,
+                    remote.timeout.as_millis()
+                ));
+            }
         };
-        match decode(&bytes, self.limits) {
-            Ok(snap) if snap.header.scope != scope => self.quarantine_corrupt(
-                &path,
-                SnapshotError::Malformed("snapshot belongs to another scope".into()),
-            ),
-            Ok(snap) => Loaded::Found(Box::new(snap)),
-            Err(error) => self.quarantine_corrupt(&path, error),
+        match verify(&bytes, scope, self.files.limits()) {
+            Ok(snap) => {
+                // Filling the cache is off the turn's path: the snapshot is in hand.
+                let (files, scope) = (self.files.clone(), scope.to_string());
+                let index = remote.index.clone();
+                tokio::task::spawn_blocking(move || match files.save(&scope, &bytes) {
+                    Ok(len) => index.insert(scope, weight(len)),
+                    Err(e) => tracing::warn!(error = %e, "could not cache a fetched snapshot"),
+                });
+                Loaded::Found(Box::new(snap))
+            }
+            Err(error) => self.quarantine_remote(scope, error).await,
         }
     }
 
-    fn quarantine_corrupt(&self, path: &Path, error: SnapshotError) -> Loaded {
+    /// A damaged object is moved aside under `quarantine/`, never deleted, and so is any
+    /// cached copy.
+    async fn quarantine_remote(&self, scope: &str, error: SnapshotError) -> Loaded {
         Loaded::Corrupt {
             error,
-            quarantined: quarantine_path(path),
+            quarantined: self.quarantine(scope).await,
         }
     }
 
-    /// Moves a scope's snapshot aside as `<scope>.<millis>.bad`; never deletes it.
-    pub fn quarantine(&self, scope: &str) -> Option<PathBuf> {
-        quarantine_path(&self.path(scope))
-    }
-
-    /// Writes tmp → fsync → rename → fsync(dir). Returns the file size.
-    pub fn save(&self, scope: &str, encoded: &[u8]) -> io::Result<u64> {
-        self.save_with(scope, encoded, &|_| {})
-    }
-
-    /// [`save`](Self::save), calling `at` with the step reached (`mid_write`,
-    /// `before_rename`): the seam reliability tests use to stop a writer at an exact point.
-    pub fn save_with(&self, scope: &str, encoded: &[u8], at: &dyn Fn(&str)) -> io::Result<u64> {
-        fs::create_dir_all(&self.dir)?;
-        let path = self.path(scope);
-        let tmp = self
-            .dir
-            .join(format!(".{scope}.{}.tmp", std::process::id()));
-        let result = (|| {
-            let mut f = File::create(&tmp)?;
-            let (first, rest) = encoded.split_at(encoded.len() / 2);
-            f.write_all(first)?;
-            at("mid_write");
-            f.write_all(rest)?;
-            f.sync_all()?;
-            at("before_rename");
-            fs::rename(&tmp, &path)?;
-            File::open(&self.dir)?.sync_all()
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result.map(|_| encoded.len() as u64)
-    }
-
-    /// Deletes temp files that writers killed before their rename left behind (`save`
-    /// names them per process, so a restarted worker never reuses one). Only files older
-    /// than `min_age` go: a save takes well under a second, and another worker sharing
-    /// the directory may be writing right now. Returns how many were removed.
-    pub fn sweep_stale_tmp(&self, min_age: std::time::Duration) -> io::Result<usize> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
+    /// Writes a snapshot: to the local directory, and with an object store to it as well
+    /// (write-through), both before this returns, so a completed turn's snapshot is durable
+    /// where any worker can read it. `at` is the fault seam of [`FileStore::save_with`].
+    pub async fn save(&self, scope: &str, file: Vec<u8>, at: fn(&str)) -> io::Result<u64> {
+        let file = bytes::Bytes::from(file);
+        let local = {
+            let (files, scope, file) = (self.files.clone(), scope.to_string(), file.clone());
+            tokio::task::spawn_blocking(move || files.save_with(&scope, &file, &at))
         };
-        let mut removed = 0;
-        for entry in entries {
-            let entry = entry?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if !(name.starts_with('.') && name.ends_with(".tmp")) {
-                continue;
+        let Some(remote) = &self.remote else {
+            return local.await.map_err(io::Error::other)?;
+        };
+        let put = async {
+            let path = remote.path(scope);
+            match tokio::time::timeout(
+                remote.timeout,
+                remote.store.put(&path, PutPayload::from(file.clone())),
+            )
+            .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("object store {}: {e}", remote.url)),
+                Err(_) => Err(format!(
+                    "object store {}: no answer in {} ms",
+                    remote.url,
+                    remote.timeout.as_millis()
+                )),
             }
-            let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
-            if age >= min_age && fs::remove_file(entry.path()).is_ok() {
-                removed += 1;
+        };
+        let (local, put) = tokio::join!(local, put);
+        let len = local.map_err(io::Error::other)??;
+        remote.index.insert(scope.to_string(), weight(len));
+        put.map_err(|e| {
+            remote.counters.remote_errors.inc();
+            io::Error::other(e)
+        })?;
+        Ok(len)
+    }
+
+    /// Moves a scope's snapshot aside everywhere it is (never deletes it); returns where
+    /// it went.
+    pub async fn quarantine(&self, scope: &str) -> Option<String> {
+        let files = self.files.clone();
+        let scope_owned = scope.to_string();
+        let local = tokio::task::spawn_blocking(move || files.quarantine(&scope_owned))
+            .await
+            .ok()
+            .flatten()
+            .map(|p| p.display().to_string());
+        let Some(remote) = &self.remote else {
+            return local;
+        };
+        remote.index.invalidate(scope);
+        let from = remote.path(scope);
+        let to = remote.quarantine_path(scope);
+        let moved = tokio::time::timeout(remote.timeout, async {
+            remote.store.copy(&from, &to).await?;
+            remote.store.delete(&from).await
+        })
+        .await;
+        match moved {
+            Ok(Ok(())) => Some(format!("{}/{}", remote.bucket_url(), to)),
+            Ok(Err(object_store::Error::NotFound { .. })) => local,
+            Ok(Err(e)) => {
+                remote.counters.remote_errors.inc();
+                tracing::warn!(error = %e, "could not quarantine the remote snapshot");
+                local
+            }
+            Err(_) => {
+                remote.counters.remote_errors.inc();
+                local
             }
         }
-        Ok(removed)
     }
 
-    /// Removes a session's snapshot (after a rollback run, or by ops).
-    pub fn remove(&self, scope: &str) -> io::Result<()> {
-        match fs::remove_file(self.path(scope)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+    /// Removes a session's snapshot everywhere (after a rollback run, or by ops).
+    pub async fn remove(&self, scope: &str) -> io::Result<()> {
+        self.files.remove(scope)?;
+        if let Some(remote) = &self.remote {
+            remote.index.invalidate(scope);
+            match remote.store.delete(&remote.path(scope)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(io::Error::other(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the cache's pending evictions now (they otherwise run as the cache is used);
+    /// returns the bytes it holds after.
+    pub fn settle_cache(&self) -> u64 {
+        match &self.remote {
+            Some(remote) => {
+                remote.index.run_pending_tasks();
+                remote.index.weighted_size()
+            }
+            None => 0,
         }
     }
 }
 
-fn quarantine_path(path: &Path) -> Option<PathBuf> {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
-    let bad = path.with_extension(format!("{stamp}.bad"));
-    fs::rename(path, &bad).ok().map(|_| bad)
+impl Remote {
+    fn path(&self, scope: &str) -> ObjectPath {
+        ObjectPath::from(self.key(&format!("{scope}.llkv")))
+    }
+
+    fn quarantine_path(&self, scope: &str) -> ObjectPath {
+        let stamp = chrono::Utc::now().timestamp_millis();
+        ObjectPath::from(self.key(&format!("quarantine/{scope}.{stamp}.bad")))
+    }
+
+    fn key(&self, name: &str) -> String {
+        if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.prefix)
+        }
+    }
+
+    fn bucket_url(&self) -> &str {
+        match self.url.strip_suffix(&format!("/{}", self.prefix)) {
+            Some(bucket) if !self.prefix.is_empty() => bucket,
+            _ => &self.url,
+        }
+    }
 }
 
-/// The file-name-safe key for a session's scope: the same session id under another user
-/// or character never shares a snapshot.
-pub fn scope_key(user_id: &str, character_id: i64, session_id: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [user_id, &character_id.to_string(), session_id] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(&h.finalize()[..16])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::snapshot::format::encode;
-    use crate::snapshot::format::tests::{header, sample};
-
-    #[test]
-    fn store_quarantines_corrupt_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SnapshotStore::new(dir.path(), Limits::LOOSE);
-        let (mut h, _) = sample();
-        h.scope = "scope1".into();
-        let file = encode(&mut h, &[1, 2, 3, 4, 5], &[9u8; 100]).unwrap();
-        store.save("scope1", &file).unwrap();
-        assert!(matches!(store.load("scope1"), Loaded::Found(_)));
-        let mut bad = file.clone();
-        let last = bad.len() - 1;
-        bad[last] ^= 0xff;
-        store.save("scope1", &bad).unwrap();
-        match store.load("scope1") {
-            Loaded::Corrupt {
-                quarantined: Some(q),
-                ..
-            } => assert!(q.exists() && q.to_string_lossy().ends_with(".bad")),
-            other => panic!("expected quarantine, got {other:?}"),
-        }
-        assert!(matches!(store.load("scope1"), Loaded::Missing));
-    }
-
-    #[test]
-    fn stale_temp_files_are_swept_and_fresh_ones_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SnapshotStore::new(dir.path(), Limits::LOOSE);
-        let old = dir.path().join(".scope1.4242.tmp");
-        let fresh = dir.path().join(".scope2.4243.tmp");
-        let snapshot = dir.path().join("scope3.llkv");
-        for p in [&old, &fresh, &snapshot] {
-            std::fs::write(p, b"x").unwrap();
-        }
-        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
-        File::options()
-            .write(true)
-            .open(&old)
-            .unwrap()
-            .set_modified(hour_ago)
-            .unwrap();
-        let removed = store
-            .sweep_stale_tmp(std::time::Duration::from_secs(600))
-            .unwrap();
-        assert_eq!(removed, 1);
-        assert!(!old.exists() && fresh.exists() && snapshot.exists());
-        let missing = SnapshotStore::new(dir.path().join("nope"), Limits::LOOSE);
-        assert_eq!(
-            missing.sweep_stale_tmp(std::time::Duration::ZERO).unwrap(),
-            0
-        );
-    }
-
-    #[test]
-    fn a_snapshot_under_another_scope_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SnapshotStore::new(dir.path(), Limits::LOOSE);
-        let mut h = header();
-        h.scope = "other".into();
-        let file = encode(&mut h, &[1, 2, 3, 4, 5], &[1u8; 10]).unwrap();
-        store.save("mine", &file).unwrap();
-        assert!(matches!(store.load("mine"), Loaded::Corrupt { .. }));
-    }
-
-    #[test]
-    fn scope_keys_separate_users() {
-        assert_ne!(scope_key("u1", 1, "s"), scope_key("u2", 1, "s"));
-        assert_ne!(scope_key("u1", 1, "s"), scope_key("u1", 2, "s"));
-        assert_ne!(scope_key("u1", 12, "s"), scope_key("u11", 2, "s"));
-        assert_eq!(scope_key("u1", 1, "s").len(), 32);
-    }
+/// A snapshot's weight in the cache; one larger than 4 GiB counts as 4 GiB.
+fn weight(len: u64) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
 }

@@ -92,6 +92,8 @@ pub struct KvLog {
     pub prefill_tokens: u32,
     /// The KV ended with the current HUD, which was therefore not decoded again.
     pub hud_kept: bool,
+    /// Where a warm turn's snapshot came from (local, cache, remote); `None` when cold.
+    pub kv_source: Option<&'static str>,
     pub ttft_ms: u64,
     pub generate_ms: u64,
     /// Re-decoding the exchange without the HUD (and the tail after a prune).
@@ -135,6 +137,7 @@ impl KvLog {
             prefill_ms: 0,
             prefill_tokens: 0,
             hud_kept: false,
+            kv_source: None,
             ttft_ms: 0,
             generate_ms: 0,
             redecode_ms: 0,
@@ -198,6 +201,7 @@ impl KvLog {
             "prefill_ms": self.prefill_ms.min(i32::MAX as u64),
             "prefill_tokens": self.prefill_tokens,
             "hud_kept": self.hud_kept,
+            "kv_source": self.kv_source,
             "ttft_ms": self.ttft_ms.min(i32::MAX as u64),
             "generate_ms": self.generate_ms.min(i32::MAX as u64),
             "redecode_ms": self.redecode_ms.min(i32::MAX as u64),
