@@ -312,7 +312,10 @@ impl SnapshotStore {
         };
         match verify(&bytes, scope, self.files.limits()) {
             Ok(snap) => {
-                // Filling the cache is off the turn's path: the snapshot is in hand.
+                // Filling the cache is off the turn's path: the snapshot is in hand. Should
+                // the fill land after this turn's own save, the cache holds an older turn,
+                // which the next read finds stale and replaces from the bucket: a miss,
+                // never a wrong resume.
                 let (files, scope) = (self.files.clone(), scope.to_string());
                 let index = remote.index.clone();
                 tokio::task::spawn_blocking(move || match files.save(&scope, &bytes) {
@@ -407,19 +410,6 @@ impl SnapshotStore {
                 local
             }
         }
-    }
-
-    /// Removes a session's snapshot everywhere (after a rollback run, or by ops).
-    pub async fn remove(&self, scope: &str) -> io::Result<()> {
-        self.files.remove(scope)?;
-        if let Some(remote) = &self.remote {
-            remote.index.invalidate(scope);
-            match remote.store.delete(&remote.path(scope)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(io::Error::other(e)),
-            }
-        }
-        Ok(())
     }
 
     /// Runs the cache's pending evictions now (they otherwise run as the cache is used);
