@@ -691,15 +691,15 @@ fn digest_load_version(session: usize, step: u64) -> String {
 /// writer at 1,000 fact writes/s (a tenth of its picks are bursts of five writes to one
 /// session, so coalescing shows), two rebuilders (the bench's, started as the `digest`
 /// suite starts it, and the echo worker's own, as a second worker process would have),
-/// and 4 echo workers running a backlog of turns over 200 of the sessions throughout.
+/// and 4 echo workers running a backlog of turns over 2,000 of the sessions throughout.
 /// The lag of a write runs from its statement to the first `digest_rebuilt` event whose
 /// version is that of the write or a later write to the session: the rebuilder writes
 /// that event with the new `state_digest` row, so nothing polls while the writer runs.
 async fn digest_load(env: &Env) -> Result<Value> {
     let (sessions, secs, turn_sessions, turns) = if env.quick {
-        (2_000usize, 4u64, 100usize, 80usize)
+        (2_000usize, 4u64, 500usize, 16usize)
     } else {
-        (10_000, 20, 200, 200)
+        (10_000, 20, 2_000, 20)
     };
     let rate = 1000u64;
     let (pool, url) = fresh_db(env, "kvmem_bench_digest_load").await?;
@@ -731,6 +731,7 @@ async fn digest_load(env: &Env) -> Result<Value> {
     .await?;
 
     let shutdown = CancellationToken::new();
+    let shutdown_workers = shutdown.clone();
     let tok: Arc<dyn kvmem::context::tokens::TokenCount> = Arc::new(Engine::load(
         &env.smollm2,
         None,
@@ -744,8 +745,14 @@ async fn digest_load(env: &Env) -> Result<Value> {
         metrics.clone(),
         shutdown.clone(),
     ));
+    // Profiling only: KVMEM_BENCH_ECHO_WORKERS=0 runs the writer beside the bench's
+    // rebuilder alone, to tell the echo turns' share of the lag from the rebuild's own.
+    let echo_workers: u32 = std::env::var("KVMEM_BENCH_ECHO_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
     let settings = Settings::defaults()
-        .with(json!({"concurrency": 4, "claim_batch": 0, "log_level": "warn"}))?;
+        .with(json!({"concurrency": echo_workers.max(1), "claim_batch": 0, "log_level": "warn"}))?;
     let deps = system::deps(
         kvmem::db::connect(&url, 16).await?,
         Arc::new(settings),
@@ -755,7 +762,11 @@ async fn digest_load(env: &Env) -> Result<Value> {
         "bench-digest-load".into(),
         kvmem::metrics::global(),
     )?;
-    let workers = tokio::spawn(runner::run(deps, shutdown.clone()));
+    let workers = tokio::spawn(async move {
+        if echo_workers > 0 {
+            let _ = runner::run(deps, shutdown_workers).await;
+        }
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let writers = kvmem::db::connect(&url, 32).await?;
@@ -818,7 +829,8 @@ async fn digest_load(env: &Env) -> Result<Value> {
     );
     let achieved = n as f64 / write_s;
     let turns_per_s = turns_done as f64 / (end - start).num_milliseconds() as f64 * 1000.0;
-    println!("## Digest rebuilds under load ({sessions} sessions, {rate} fact writes/s target, 4 echo workers, 2 rebuilders)\n");
+    let rebuilders = if echo_workers > 0 { 2 } else { 1 };
+    println!("## Digest rebuilds under load ({sessions} sessions, {rate} fact writes/s target, {echo_workers} echo workers, {rebuilders} rebuilders)\n");
     println!("| writes | writes/s | rebuilds | coalesced writes | unreflected | p50 ms | p95 ms | p99 ms | max ms | echo turns (per s) |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
@@ -869,7 +881,7 @@ async fn digest_load(env: &Env) -> Result<Value> {
         "lag_ms": {"p50": p50, "p95": p95, "p99": p99, "max": max, "cumulative": below},
         "lag_from_statement_ms": {"p50": s50, "p99": s99}, "write_commit_ms": {"p50": w50, "p99": w99},
         "goal_p99_ms": DIGEST_LOAD_GOAL_MS, "p99_over_goal": p99 / DIGEST_LOAD_GOAL_MS,
-        "echo_turns": turns_done, "echo_turns_per_s": turns_per_s, "turns_left": turns_left,
+        "echo_workers": echo_workers, "echo_turns": turns_done, "echo_turns_per_s": turns_per_s, "turns_left": turns_left,
         "seed_s": seed_s}),
     )
 }
