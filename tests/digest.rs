@@ -340,6 +340,115 @@ async fn an_expiring_buff_leaves_the_digest_without_any_write(pool: PgPool) {
     task.await.unwrap();
 }
 
+/// How many `digest_rebuilt` events the session has.
+async fn rebuild_events(pool: &PgPool, sid: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM events WHERE kind = 'digest_rebuilt' AND session_id = $1",
+    )
+    .bind(sid)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn many_writes_to_one_session_before_its_rebuild_are_one_rebuild(pool: PgPool) {
+    migrate(&pool).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
+    listener.listen(digest::FACTS_CHANNEL).await.unwrap();
+    for step in 1..=5 {
+        fact(&pool, "s", "quest", "q", &format!("Step {step}")).await;
+    }
+    let mut rung = Vec::new();
+    for _ in 0..5 {
+        rung.push(listener.recv().await.unwrap().payload().to_string());
+    }
+    assert_eq!(rung, vec!["s"; 5], "one notification per write");
+    let metrics = kvmem::metrics::Metrics::new();
+    let tok = kvmem::context::tokens::WordCount;
+    let changed = digest::rebuild_notified(&pool, &rung, 180, &tok, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(changed, 1, "five writes, one rebuild");
+    assert_eq!(rebuild_events(&pool, "s").await, 1);
+    let content: String =
+        sqlx::query_scalar("SELECT digest_content FROM state_digest WHERE session_id = 's'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(content, "Quest: Step 5");
+    // The same notifications again (a second rebuilder heard them too): the marker is
+    // gone, so nothing is rebuilt.
+    let again = digest::rebuild_notified(&pool, &rung, 180, &tok, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(again, 0);
+    assert_eq!(rebuild_events(&pool, "s").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_write_still_in_flight_is_rebuilt_after_its_commit(pool: PgPool) {
+    migrate(&pool).await;
+    let metrics = kvmem::metrics::Metrics::new();
+    let tok = kvmem::context::tokens::WordCount;
+    let sessions = vec!["s".to_string()];
+    let mut write = pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO facts (session_id, type, key, value) VALUES ('s', 'debt', 'bank', 'Owes 5')",
+    )
+    .execute(&mut *write)
+    .await
+    .unwrap();
+    // Its marker is held by the open transaction: skipped, not waited for.
+    let changed = digest::rebuild_notified(&pool, &sessions, 180, &tok, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(changed, 0);
+    write.commit().await.unwrap();
+    let changed = digest::rebuild_notified(&pool, &sessions, 180, &tok, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+    let dirty: i64 = sqlx::query_scalar("SELECT count(*) FROM digest_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(dirty, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn fact_writes_do_not_ring_while_a_rebuilder_polls(pool: PgPool) {
+    migrate(&pool).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
+    listener.listen(digest::FACTS_CHANNEL).await.unwrap();
+    sqlx::query(
+        "INSERT INTO digest_pollers (rebuilder, until) VALUES ('r1', now() + interval '1 hour')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    fact(&pool, "quiet", "debt", "bank", "Owes 5").await;
+    sqlx::query("DELETE FROM digest_pollers")
+        .execute(&pool)
+        .await
+        .unwrap();
+    fact(&pool, "loud", "debt", "bank", "Owes 6").await;
+    // Notifications arrive in commit order: the first one is the second write's.
+    let first = listener.recv().await.unwrap();
+    assert_eq!(first.payload(), "loud");
+    // The silent write is still marked, and a poll finds it.
+    let metrics = kvmem::metrics::Metrics::new();
+    let swept = digest::sweep(&pool, 180, &kvmem::context::tokens::WordCount, &metrics)
+        .await
+        .unwrap();
+    assert_eq!(swept, 2);
+    assert_eq!(rebuild_events(&pool, "quiet").await, 1);
+}
+
 async fn wait_for_digest(pool: &PgPool, sid: &str, ok: impl Fn(&str) -> bool) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
