@@ -7,13 +7,15 @@
 //! `cargo bench --bench fleet -- [--quick] [--sessions N] [--turns N] [--workers N]
 //! [--affinity on|off|both] [--wait-ms N]`
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use serde_json::{json, Value};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 
 struct Plan {
     sessions: usize,
@@ -122,7 +124,7 @@ impl Drop for Fleet {
 
 async fn run(plan: &Plan, affinity: bool) -> Result<Value> {
     let name = format!("kvmem_fleet_{}", if affinity { "on" } else { "off" });
-    let (pool, url) = fresh_db(&plan.base_url, &name).await?;
+    let (pool, url) = common::fresh_db(&plan.base_url, &name, 4).await?;
     let bucket = format!(
         "fleet-{}-{}",
         if affinity { "on" } else { "off" },
@@ -138,12 +140,7 @@ async fn run(plan: &Plan, affinity: bool) -> Result<Value> {
         "create bucket: {}",
         created.status()
     );
-    let ch: i64 = sqlx::query_scalar(
-        "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet, stress_level, team_trust)
-         VALUES ('fleet', 'Captain Vega', 'A calm starship captain.', 82, 100, 1250, 35, 70) RETURNING id",
-    )
-    .fetch_one(&pool)
-    .await?;
+    let ch = common::character(&pool, "fleet").await?;
     // Every turn enqueued up front, interleaved across sessions; the queue keeps each
     // session's turns in order and one at a time.
     sqlx::query(
@@ -280,21 +277,4 @@ fn pcts(mut v: Vec<f64>) -> Value {
         }
     };
     json!({"p50": at(0.5), "p95": at(0.95), "max": at(1.0), "n": v.len()})
-}
-
-async fn fresh_db(base_url: &str, name: &str) -> Result<(PgPool, String)> {
-    let mut admin = sqlx::PgConnection::connect(base_url).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await?;
-    let (head, _) = base_url
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database path")?;
-    let url = format!("{head}/{name}");
-    let pool = kvmem::db::connect(&url, 4).await?;
-    kvmem::db::migrate(&pool).await?;
-    Ok((pool, url))
 }

@@ -7,6 +7,8 @@
 //! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [digest-load] [queue] [growth] [recall]`
 //! and, on demand, `warm-cold-q4_0`: the warm-cold suite on SmolLM2 re-quantized to Q4_0.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use kvmem::runner::{self, Deps, Outcome};
 use kvmem::snapshot::{self, FileStore, Limits, SegKind};
 use kvmem::system::{self, Model};
 use serde_json::{json, Value};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 struct Env {
@@ -109,30 +111,11 @@ fn machine() -> String {
 
 /// A fresh, migrated database for one suite.
 async fn fresh_db(env: &Env, name: &str) -> Result<(PgPool, String)> {
-    let mut admin = sqlx::PgConnection::connect(&env.base_url).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await?;
-    let (head, _) = env
-        .base_url
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database path")?;
-    let url = format!("{head}/{name}");
-    let pool = kvmem::db::connect(&url, 16).await?;
-    kvmem::db::migrate(&pool).await?;
-    Ok((pool, url))
+    common::fresh_db(&env.base_url, name, 16).await
 }
 
 async fn character(pool: &PgPool) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet, stress_level, team_trust)
-         VALUES ('bench', 'Captain Vega', 'A calm starship captain.', 82, 100, 1250, 35, 70) RETURNING id",
-    )
-    .fetch_one(pool)
-    .await?)
+    common::character(pool, "bench").await
 }
 
 fn median(v: &mut [f64]) -> f64 {

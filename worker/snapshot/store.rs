@@ -165,7 +165,7 @@ impl SnapshotStore {
     }
 
     /// The cache over any `ObjectStore`; [`remote`](Self::remote) builds the S3 one.
-    pub fn over(
+    fn over(
         dir: impl Into<PathBuf>,
         limits: Limits,
         store: Arc<dyn ObjectStore>,
