@@ -48,6 +48,13 @@ pub struct Settings {
     pub n_threads: u32,
     pub n_batch: u32,
     pub engine_slots: u32,
+    /// Sessions one engine thread decodes together (1 = one at a time). Needs
+    /// `concurrency` of at least `engine_slots` × this to fill its batches.
+    #[serde(default = "default_one")]
+    pub batch_sessions: u32,
+    /// How long a turn waits for others to join its batch.
+    #[serde(default = "default_batch_wait_ms")]
+    pub batch_wait_ms: u64,
     pub temperature: f32,
     pub top_p: f32,
     pub sampling_seed: u32,
@@ -185,6 +192,14 @@ fn default_s3_timeout_ms() -> u64 {
 
 fn default_kv_cache_bytes() -> u64 {
     4 << 30
+}
+
+fn default_one() -> u32 {
+    1
+}
+
+fn default_batch_wait_ms() -> u64 {
+    20
 }
 
 fn default_affinity_wait_ms() -> u64 {
@@ -369,6 +384,14 @@ impl Settings {
         }
         if self.engine_slots == 0 {
             return invalid("KVMEM_ENGINE_SLOTS", "must be at least 1");
+        }
+        // A generation step carries one token per session, in one llama.cpp batch; llama.cpp
+        // allows at most 256 sequences in a context.
+        if self.batch_sessions == 0 || self.batch_sessions > self.n_batch.min(256) {
+            return invalid(
+                "KVMEM_BATCH_SESSIONS",
+                "must be between 1 and the smaller of KVMEM_N_BATCH and 256",
+            );
         }
         if self.heartbeat_ms == 0 || self.heartbeat_ms >= self.lease_ms {
             return invalid(

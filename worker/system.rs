@@ -113,8 +113,17 @@ pub fn deps(
         }
         Model::Llama(engine) => engine,
     };
-    if settings.concurrency > settings.engine_slots {
-        tracing::warn!("concurrency above engine_slots: extra turns wait for a free context");
+    let places = settings.engine_slots * settings.batch_sessions;
+    if settings.concurrency > places {
+        tracing::warn!(
+            "concurrency above engine_slots x batch_sessions: extra turns wait for a free context"
+        );
+    } else if settings.batch_sessions > 1 && settings.concurrency < places {
+        tracing::warn!(
+            concurrency = settings.concurrency,
+            batch_sessions = settings.batch_sessions,
+            "concurrency below engine_slots x batch_sessions: batches can never fill"
+        );
     }
     let store = crate::pipeline::snapshot_store(&settings, &metrics)
         .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))?;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
+use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
@@ -17,18 +18,19 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{KvType, Settings};
 
+pub mod batch;
 mod frame;
 pub mod pool;
 mod session;
 
 pub use frame::{Block, ChatFrame};
-pub use pool::EnginePool;
+pub use pool::{Contexts, EnginePool};
 pub use session::{GenStats, KvSession};
 
 /// The llama.cpp build whose state format snapshots carry (pinned in Cargo.lock).
 pub const LLAMA_BUILD: &str = "llama-cpp-sys-2/0.1.161";
 
-/// The KV sequence kvmem uses; one session per context.
+/// The KV sequence of a one-session context.
 pub(crate) const SEQ: i32 = 0;
 
 /// Engine failures. Model problems are fatal at start-up; decode failures fail one turn.
@@ -110,6 +112,17 @@ pub fn backend() -> Result<&'static LlamaBackend> {
         .map_err(|e| EngineError::Context(e.clone()))
 }
 
+/// One sequence's KV, in the format a one-sequence context restores.
+fn export_seq(ctx: &LlamaContext<'static>, seq: i32) -> Vec<u8> {
+    let size = ctx.state_seq_get_size_ext(seq, LlamaStateSeqFlags::empty());
+    let mut buf = vec![0u8; size];
+    // SAFETY: `buf` holds exactly the size llama.cpp asked for.
+    let n =
+        unsafe { ctx.state_seq_get_data_ext(buf.as_mut_ptr(), seq, LlamaStateSeqFlags::empty()) };
+    buf.truncate(n);
+    buf
+}
+
 /// SHA-256 of a file, streamed.
 pub fn file_sha256(path: &Path) -> std::io::Result<String> {
     let mut f = std::fs::File::open(path)?;
@@ -160,22 +173,41 @@ impl Engine {
 
     /// A fresh context. Call it on the thread that will use it: contexts are not `Send`.
     pub fn new_context(&self) -> Result<LlamaContext<'static>> {
+        self.context_params(self.params.n_ctx)
+            .and_then(|p| self.make_context(p))
+    }
+
+    /// A context for `sessions` sessions decoded together ([`batch`]): one sequence and
+    /// `N_CTX` cells each. The KV is unified because llama.cpp restores a one-sequence state
+    /// into another sequence only then.
+    pub fn new_batch_context(&self, sessions: u32) -> Result<LlamaContext<'static>> {
+        let n_ctx = self.params.n_ctx.checked_mul(sessions).ok_or_else(|| {
+            EngineError::Context(format!("{sessions} sessions of N_CTX cells overflow"))
+        })?;
+        self.context_params(n_ctx)
+            .and_then(|p| self.make_context(p.with_n_seq_max(sessions).with_kv_unified(true)))
+    }
+
+    fn make_context(&self, p: LlamaContextParams) -> Result<LlamaContext<'static>> {
+        self.model
+            .new_context(backend()?, p)
+            .map_err(|e| EngineError::Context(e.to_string()))
+    }
+
+    fn context_params(&self, n_ctx: u32) -> Result<LlamaContextParams> {
         let kv = match self.params.kv_type {
             KvType::F16 => KvCacheType::F16,
             KvType::Q8_0 => KvCacheType::Q8_0,
             KvType::F32 => KvCacheType::F32,
         };
-        let p = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(self.params.n_ctx))
+        Ok(LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(n_ctx))
             .with_n_batch(self.params.n_batch)
             .with_n_ubatch(self.params.n_batch)
             .with_n_threads(self.params.n_threads)
             .with_n_threads_batch(self.params.n_threads)
             .with_type_k(kv)
-            .with_type_v(kv);
-        self.model
-            .new_context(backend()?, p)
-            .map_err(|e| EngineError::Context(e.to_string()))
+            .with_type_v(kv))
     }
 
     /// The loaded model, for samplers that need its vocabulary (the grammar that constrains

@@ -311,16 +311,6 @@ impl<'e, 'c> KvSession<'e, 'c> {
 
     /// Serialises the sequence state for a snapshot.
     pub fn export_state(&self) -> Vec<u8> {
-        let size = self
-            .ctx
-            .state_seq_get_size_ext(SEQ, LlamaStateSeqFlags::empty());
-        let mut buf = vec![0u8; size];
-        // SAFETY: `buf` holds exactly the size llama.cpp asked for.
-        let n = unsafe {
-            self.ctx
-                .state_seq_get_data_ext(buf.as_mut_ptr(), SEQ, LlamaStateSeqFlags::empty())
-        };
-        buf.truncate(n);
-        buf
+        super::export_seq(self.ctx, SEQ)
     }
 }

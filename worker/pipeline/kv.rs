@@ -3,6 +3,7 @@
 //! Nothing here touches Postgres or files; [`super::TurnPipeline`] brings the inputs.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
@@ -12,8 +13,9 @@ use super::history;
 use super::memory_line;
 use super::recall::{ContextBlock, RecallItem};
 use crate::context::digest;
-use crate::engine::{Engine, GenStats, KvSession};
-use crate::snapshot::{self, SegKind, Snapshot};
+use crate::engine::batch::SeqJob;
+use crate::engine::{self, Contexts, Engine, GenStats, KvSession};
+use crate::snapshot::{self, SegKind, Segment, Snapshot};
 use crate::turn::log::Rebuild;
 use crate::turn::{KvRecord, TurnError};
 
@@ -149,36 +151,183 @@ pub fn run_in_context(
     abort: &AtomicBool,
 ) -> Result<KvOutcome, TurnError> {
     let started = Instant::now();
-    // `block` tokenizes the frame's parts apart from the content, so the user block always
-    // starts with exactly these tokens.
-    let opener = engine.tokenize_special(&engine.frame.user.parts[0], false);
-    let blocks = Blocks {
-        base: engine.base_tokens(&job.base_prompt),
-        hud: [
-            engine.block(&engine.frame.system, &[&job.hud]),
-            opener.clone(),
-        ]
-        .concat(),
-        user: engine.block(&engine.frame.user, &[&job.user]),
-        opener: opener.len(),
-        prefix: if job.reply_prefix.is_empty() {
-            Vec::new()
-        } else {
-            engine.tokenize_plain(&job.reply_prefix)
-        },
-        close: engine.tokenize_special(&engine.frame.reply_close, false),
+    let (mut session, prepared) = match prepare(engine, ctx, job, start)? {
+        Opened::Ready(session, prepared) => (session, *prepared),
+        Opened::Refused(why) => return Ok(KvOutcome::Refused(why)),
     };
+    let (message, kind) = prepared.message();
+    session.append(message, Some(kind))?;
+    session.append(&prepared.blocks.prefix, None)?;
+    let mut stats = GenStats {
+        prefill_ms: prepared.prefill_started.elapsed().as_millis() as u64,
+        ..GenStats::default()
+    };
+    let prefill_tokens = session.decoded();
+
+    // 4. Generate, after the worker-written start of the reply when there is one.
+    let generated = session.generate(prepared.job.reply_max, abort, &mut stats)?;
+    stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
+    finish(
+        engine,
+        &mut session,
+        prepared,
+        generated,
+        prefill_tokens,
+        stats,
+    )
+}
+
+/// One turn of [`run_batch`].
+pub struct BatchTurn {
+    pub job: TurnJob,
+    pub start: Start,
+    pub abort: Arc<AtomicBool>,
+}
+
+/// Several sessions' turns on one engine thread, their messages and replies decoded
+/// together ([`engine::batch`]). Each turn is prepared (steps 1–3 but the message) in the
+/// one-sequence context and handed over as its exported KV; after the shared decode its
+/// sequence is exported and restored into the one-sequence context for step 5, so the
+/// saved KV is what a turn run alone saves. Results come back in the order of `turns`.
+pub fn run_batch(
+    engine: &Engine,
+    ctxs: &mut Contexts,
+    turns: Vec<BatchTurn>,
+) -> Vec<Result<KvOutcome, TurnError>> {
+    let started = Instant::now();
+    let Some(batch_ctx) = ctxs.batch.as_mut().filter(|_| turns.len() > 1) else {
+        // Alone, a turn runs as it would with batching off.
+        return turns
+            .into_iter()
+            .map(|t| run_in_context(engine, &mut ctxs.work, t.job, t.start, &t.abort))
+            .collect();
+    };
+    let mut results: Vec<Option<Result<KvOutcome, TurnError>>> = Vec::new();
+    let mut held = Vec::new();
+    let mut seqs = Vec::new();
+    for turn in turns {
+        let prepared = match prepare(engine, &mut ctxs.work, turn.job, turn.start) {
+            Ok(Opened::Ready(session, prepared)) => {
+                let (message, _) = prepared.message();
+                seqs.push(SeqJob {
+                    state: session.export_state(),
+                    held: session.len(),
+                    pending: [message, &prepared.blocks.prefix[..]].concat(),
+                    max: prepared.job.reply_max,
+                    abort: turn.abort,
+                });
+                held.push((
+                    session.token_ids(),
+                    session.segments().to_vec(),
+                    session.decoded(),
+                    prepared,
+                ));
+                None
+            }
+            Ok(Opened::Refused(why)) => Some(Ok(KvOutcome::Refused(why))),
+            Err(e) => Some(Err(e)),
+        };
+        results.push(prepared);
+    }
+    let pending: Vec<Vec<LlamaToken>> = seqs.iter().map(|s| s.pending.clone()).collect();
+    let joint_at = Instant::now();
+    let decoded = engine::batch::decode_together(engine, batch_ctx, seqs);
+    let mut ran = decoded.into_iter().zip(held).zip(pending);
+    for slot in results.iter_mut().filter(|r| r.is_none()) {
+        let Some(((done, (tokens, segments, decoded, prepared)), pending)) = ran.next() else {
+            break;
+        };
+        *slot = Some(done.map_err(TurnError::from).and_then(|done| {
+            let prefill_tokens = decoded + pending.len() as u32;
+            let mut tokens = tokens;
+            tokens.extend(pending.iter().chain(&done.generated).map(|t| t.0));
+            let mut segments = segments;
+            segments.push(Segment::new(
+                SegKind::Turn,
+                (pending.len() + done.generated.len()) as u32,
+            ));
+            let mut session =
+                KvSession::restore(engine, &mut ctxs.work, &done.state, &tokens, &segments)?;
+            let ms = |from: Instant| joint_at.duration_since(from).as_millis() as u64;
+            let stats = GenStats {
+                prefill_ms: ms(prepared.prefill_started) + done.first_token_ms,
+                ttft_ms: ms(started) + done.first_token_ms,
+                generate_ms: done.done_ms - done.first_token_ms,
+                redecode_ms: 0,
+            };
+            finish(
+                engine,
+                &mut session,
+                *prepared,
+                done.generated,
+                prefill_tokens,
+                stats,
+            )
+        }));
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| Err(TurnError::retryable("the batched decode lost this turn")))
+        })
+        .collect()
+}
+
+/// How a turn's KV came up.
+enum Opened<'e, 'c> {
+    Ready(KvSession<'e, 'c>, Box<Prepared>),
+    /// The snapshot could not be restored: why.
+    Refused(String),
+}
+
+/// A turn after steps 1–3, up to its message.
+struct Prepared {
+    job: TurnJob,
+    blocks: Blocks,
+    loaded: LoadedKv,
+    injected: Injected,
+    tokens_loaded: u32,
+    load_ms: u64,
+    prefill_started: Instant,
+    hud_kept: bool,
+    /// Where the HUD segment starts, for step 5.
+    hud_start: u32,
+    recall_in_kv: u32,
+}
+
+impl Prepared {
+    /// The tokens that open the exchange, and the kind of segment they start: the whole
+    /// user block after injected blocks, else the message after the HUD segment's opening.
+    fn message(&self) -> (&[LlamaToken], SegKind) {
+        if self.injected.any() {
+            (&self.blocks.user, SegKind::Turn)
+        } else {
+            (&self.blocks.user[self.blocks.opener..], SegKind::Turn)
+        }
+    }
+}
+
+/// Steps 1–3 in a one-sequence context, all but the message: the KV restored or rebuilt,
+/// pruned, and given the HUD and the blocks due.
+fn prepare<'e, 'c>(
+    engine: &'e Engine,
+    ctx: &'c mut LlamaContext<'static>,
+    job: TurnJob,
+    start: Start,
+) -> Result<Opened<'e, 'c>, TurnError> {
+    let step_started = Instant::now();
+    let blocks = Blocks::new(engine, &job);
 
     // 1. Load KV: warm from the snapshot, else rebuilt cold.
     let (mut session, warm_digest, cold) = match start {
-        Start::Snapshot(snap) => match restore(engine, &mut *ctx, &snap, &blocks.base) {
+        Start::Snapshot(snap) => match restore(engine, ctx, &snap, &blocks.base) {
             Ok(session) => (session, snap.header.digest_version.clone(), None),
-            Err(why) => return Ok(KvOutcome::Refused(why)),
+            Err(why) => return Ok(Opened::Refused(why)),
         },
         Start::Cold(source) => (KvSession::empty(engine, ctx), String::new(), Some(source)),
     };
     let tokens_loaded = session.len();
-    let load_ms = started.elapsed().as_millis() as u64;
+    let load_ms = step_started.elapsed().as_millis() as u64;
     let prefill_started = Instant::now();
     let loaded = match cold {
         None => LoadedKv {
@@ -220,7 +369,7 @@ pub fn run_in_context(
     }
 
     // 3. Build the context: the HUD (unless the KV ends with it), digest, context and
-    // recall (when due), user message.
+    // recall (when due); the message is the caller's.
     if !hud_kept {
         session.append(&blocks.hud, Some(SegKind::Hud))?;
     }
@@ -238,21 +387,47 @@ pub fn run_in_context(
         if let Some((tokens, keys)) = &injected.recall {
             session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
         }
-        session.append(&blocks.user, Some(SegKind::Turn))?;
-    } else {
-        session.append(&blocks.user[blocks.opener..], Some(SegKind::Turn))?;
     }
-    session.append(&blocks.prefix, None)?;
-    let mut stats = GenStats {
-        prefill_ms: prefill_started.elapsed().as_millis() as u64,
-        ..GenStats::default()
-    };
-    let prefill_tokens = session.decoded();
+    Ok(Opened::Ready(
+        session,
+        Box::new(Prepared {
+            job,
+            blocks,
+            loaded,
+            injected,
+            tokens_loaded,
+            load_ms,
+            prefill_started,
+            hud_kept,
+            hud_start,
+            recall_in_kv,
+        }),
+    ))
+}
 
-    // 4. Generate, after the worker-written start of the reply when there is one.
-    let generated = session.generate(job.reply_max, abort, &mut stats)?;
+/// Step 5's engine half after the reply: the hidden memory line comes off, the exchange
+/// settles into the KV, and the state is exported for the save.
+fn finish(
+    engine: &Engine,
+    session: &mut KvSession,
+    prepared: Prepared,
+    generated: Vec<LlamaToken>,
+    prefill_tokens: u32,
+    mut stats: GenStats,
+) -> Result<KvOutcome, TurnError> {
+    let Prepared {
+        job,
+        blocks,
+        loaded,
+        injected,
+        tokens_loaded,
+        load_ms,
+        hud_kept,
+        hud_start,
+        recall_in_kv,
+        ..
+    } = prepared;
     let reply = [&blocks.prefix[..], &generated[..]].concat();
-    stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
     // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored.
     let hidden = memory_line::split(&engine.detokenize(&reply));
     let stored = if hidden.stripped {
@@ -263,14 +438,7 @@ pub fn run_in_context(
 
     // 5. The exchange stays, within the tail, and the current HUD goes back to the end.
     let redecode_started = Instant::now();
-    settle(
-        &mut session,
-        hud_start,
-        &blocks,
-        &stored,
-        job.tail,
-        job.turn_id,
-    )?;
+    settle(session, hud_start, &blocks, &stored, job.tail, job.turn_id)?;
     stats.redecode_ms = redecode_started.elapsed().as_millis() as u64;
 
     let state = job.export.then(|| session.export_state());
@@ -305,6 +473,30 @@ pub fn run_in_context(
         hud_kept,
         stats,
     })))
+}
+
+impl Blocks {
+    fn new(engine: &Engine, job: &TurnJob) -> Blocks {
+        // `block` tokenizes the frame's parts apart from the content, so the user block
+        // always starts with exactly these tokens.
+        let opener = engine.tokenize_special(&engine.frame.user.parts[0], false);
+        Blocks {
+            base: engine.base_tokens(&job.base_prompt),
+            hud: [
+                engine.block(&engine.frame.system, &[&job.hud]),
+                opener.clone(),
+            ]
+            .concat(),
+            user: engine.block(&engine.frame.user, &[&job.user]),
+            opener: opener.len(),
+            prefix: if job.reply_prefix.is_empty() {
+                Vec::new()
+            } else {
+                engine.tokenize_plain(&job.reply_prefix)
+            },
+            close: engine.tokenize_special(&engine.frame.reply_close, false),
+        }
+    }
 }
 
 /// A cold start's step 1: the recorded dialogue decoded as recorded, or the text rebuilt.

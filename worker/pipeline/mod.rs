@@ -5,6 +5,7 @@
 //! snapshot. Step 6 is the runner's: the fenced completion, then
 //! [`TurnPipeline::after_turn`] rebuilds the digest.
 
+mod batch;
 pub mod commands;
 pub mod history;
 pub mod kv;
@@ -36,7 +37,10 @@ use kv::{KvOutcome, Start, TurnJob, TurnRun};
 
 /// The llama.cpp generator: engine threads, snapshot store, settings and the database.
 pub struct TurnPipeline {
-    pub engines: EnginePool,
+    pub engines: Arc<EnginePool>,
+    /// Forms batches of sessions decoded together; started on the first turn, inside the
+    /// runtime, and only when `KVMEM_BATCH_SESSIONS` is above 1.
+    batcher: std::sync::OnceLock<batch::Batcher>,
     pub store: SnapshotStore,
     pub settings: Arc<Settings>,
     db: PgPool,
@@ -65,7 +69,11 @@ impl TurnPipeline {
         metrics: Arc<Metrics>,
         store: SnapshotStore,
     ) -> Result<TurnPipeline, EngineError> {
-        let engines = EnginePool::start(engine, settings.engine_slots)?;
+        let engines = Arc::new(EnginePool::start(
+            engine,
+            settings.engine_slots,
+            settings.batch_sessions,
+        )?);
         // Writers killed mid-save leave per-process temp files that nothing else removes.
         match store
             .files()
@@ -81,6 +89,7 @@ impl TurnPipeline {
         }
         Ok(TurnPipeline {
             engines,
+            batcher: std::sync::OnceLock::new(),
             store,
             settings,
             db,
@@ -284,12 +293,20 @@ impl TurnPipeline {
         log: &KvLog,
     ) -> Result<KvOutcome, TurnError> {
         let abort = abort.clone();
-        self.engines
-            .run(move |engine, ctx| kv::run_in_context(engine, ctx, job, start, &abort))
-            .await
-            .map_err(TurnError::from)
-            .and_then(|r| r)
-            .map_err(|e| e.with_log(log.clone()))
+        let ran = if self.engines.batch_sessions() > 1 {
+            let wait = std::time::Duration::from_millis(self.settings.batch_wait_ms);
+            self.batcher
+                .get_or_init(|| batch::Batcher::start(self.engines.clone(), wait))
+                .run(job, start, abort)
+                .await
+        } else {
+            self.engines
+                .run(move |engine, ctx| kv::run_in_context(engine, ctx, job, start, &abort))
+                .await
+                .map_err(TurnError::from)
+                .and_then(|r| r)
+        };
+        ran.map_err(|e| e.with_log(log.clone()))
     }
 
     /// Fills the turn's log from the run, and records a cold start as an event.

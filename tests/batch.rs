@@ -1,0 +1,338 @@
+//! Batched decoding (KVMEM_BATCH_SESSIONS) on SmolLM2: a session's greedy reply and saved
+//! KV are the same whether it ran alone or decoded together with other sessions, and a
+//! batched session's KV loads into a one-sequence context.
+
+mod common;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use common::*;
+use kvmem::context::digest;
+use kvmem::engine::batch::{decode_together, SeqJob};
+use kvmem::engine::{Contexts, Engine, GenStats, KvSession};
+use kvmem::pipeline::history::Exchange;
+use kvmem::pipeline::kv::{self, BatchTurn, ColdSource, KvOutcome, Start, TurnJob, TurnRun};
+use kvmem::pipeline::recall::ContextBlock;
+use kvmem::snapshot::{self, Compression, Header, SegKind, Snapshot};
+
+/// Four sessions with their own characters, histories, HUDs and messages; two of them
+/// carry a digest, so both shapes of a message (after injected blocks, and straight after
+/// the HUD) are in the batch.
+fn sessions() -> Vec<(TurnJob, Vec<Exchange>)> {
+    let people = [
+        ("Ada", "a pilot", "How is the engine holding up?", 2),
+        (
+            "Brun",
+            "a blacksmith",
+            "Can you fix my sword before dawn?",
+            0,
+        ),
+        ("Cass", "a ship's doctor", "What did the scan show?", 3),
+        (
+            "Dov",
+            "a cartographer",
+            "Which pass should we take north?",
+            1,
+        ),
+    ];
+    people
+        .iter()
+        .enumerate()
+        .map(|(i, (name, role, message, past))| {
+            let history = (0..*past)
+                .map(|k| Exchange {
+                    turn_id: k as i64 + 1,
+                    user: format!("Question {k} for {name}: what happened at dawn?"),
+                    reply: format!("{name} answers: the watch saw smoke in the east, day {k}."),
+                })
+                .collect();
+            let digest_text = if i % 2 == 0 {
+                format!("{name} is at the eastern gate. Supplies: low.")
+            } else {
+                String::new()
+            };
+            let job = TurnJob {
+                turn_id: 100 + i as i64,
+                base_prompt: format!("You are {name}, {role}. Answer briefly."),
+                hud: format!("HP {}/100, stress {}", 90 - i * 7, 10 + i * 5),
+                digest: digest::Stored {
+                    version: digest::version_of(&digest_text),
+                    content: digest_text,
+                },
+                context: ContextBlock {
+                    content: String::new(),
+                    version: String::new(),
+                },
+                recall: Vec::new(),
+                recall_max: 0,
+                user: message.to_string(),
+                reply_prefix: String::new(),
+                tail: 900,
+                reply_max: 40,
+                export: true,
+            };
+            (job, history)
+        })
+        .collect()
+}
+
+fn ran(outcome: Result<KvOutcome, kvmem::turn::TurnError>) -> Box<TurnRun> {
+    match outcome.expect("turn ran") {
+        KvOutcome::Ran(run) => run,
+        KvOutcome::Refused(why) => panic!("snapshot refused: {why}"),
+    }
+}
+
+/// The snapshot a turn's save would write, decoded back.
+fn snapshot_of(run: &TurnRun, job: &TurnJob) -> Snapshot {
+    let mut header = Header {
+        format_version: snapshot::FORMAT_VERSION,
+        model_sha: String::new(),
+        digest_version: run.kv_digest_version.clone(),
+        crc32c: 0,
+        tokens: 0,
+        bytes: 0,
+        stored_bytes: 0,
+        timestamp: 0,
+        llama_build: kvmem::engine::LLAMA_BUILD.into(),
+        n_ctx: 0,
+        type_k: "f16".into(),
+        type_v: "f16".into(),
+        compression: Compression::None,
+        scope: format!("s{}", job.turn_id),
+        turn_id: job.turn_id,
+        fence: 1,
+        segments: run.segments.clone(),
+    };
+    let state = run.state.as_ref().expect("exported state");
+    let file = snapshot::encode(&mut header, &run.token_ids, state).unwrap();
+    snapshot::decode(&file, snapshot::Limits::LOOSE).unwrap()
+}
+
+/// The next turn of a session, from the one before.
+fn next_job(job: &TurnJob, message: &str) -> TurnJob {
+    TurnJob {
+        turn_id: job.turn_id + 10,
+        hud: format!("{} (next)", job.hud),
+        user: message.to_string(),
+        ..job.clone()
+    }
+}
+
+fn contexts(engine: &Engine, sessions: u32) -> Contexts {
+    Contexts {
+        work: engine.new_context().unwrap(),
+        batch: Some(engine.new_batch_context(sessions).unwrap()),
+    }
+}
+
+fn alone(engine: &Engine, job: TurnJob, start: Start) -> Box<TurnRun> {
+    let mut ctx = engine.new_context().unwrap();
+    let never = AtomicBool::new(false);
+    ran(kv::run_in_context(engine, &mut ctx, job, start, &never))
+}
+
+fn together(
+    engine: &Engine,
+    ctxs: &mut Contexts,
+    turns: Vec<(TurnJob, Start)>,
+) -> Vec<TurnRun> {
+    let turns = turns
+        .into_iter()
+        .map(|(job, start)| BatchTurn {
+            job,
+            start,
+            abort: Arc::new(AtomicBool::new(false)),
+        })
+        .collect();
+    kv::run_batch(engine, ctxs, turns)
+        .into_iter()
+        .map(|r| *ran(r))
+        .collect()
+}
+
+/// The same two turns per session, cold then warm, once each session alone and once all
+/// four in one batch: replies, KV tokens and segments must be the same, and every batched
+/// state must load into a one-sequence context.
+#[test]
+fn batched_turns_match_the_same_turns_run_alone() {
+    let settings = settings(serde_json::json!({ "n_ctx": 1024 }));
+    let engine = load_engine(&smollm2(), &settings);
+    let sessions = sessions();
+
+    let cold = |history: &Vec<Exchange>| Start::Cold(ColdSource::Text(history.clone()));
+    let first_alone: Vec<_> = sessions
+        .iter()
+        .map(|(job, history)| alone(&engine, job.clone(), cold(history)))
+        .collect();
+    let mut ctxs = contexts(&engine, sessions.len() as u32);
+    let first_batched = together(
+        &engine,
+        &mut ctxs,
+        sessions
+            .iter()
+            .map(|(job, history)| (job.clone(), cold(history)))
+            .collect(),
+    );
+
+    let seconds: Vec<TurnJob> = sessions
+        .iter()
+        .map(|(job, _)| next_job(job, "And what do you plan to do next?"))
+        .collect();
+    let second_alone: Vec<_> = seconds
+        .iter()
+        .zip(&first_alone)
+        .map(|(job, run)| {
+            let snap = snapshot_of(run, job);
+            alone(&engine, job.clone(), Start::Snapshot(Box::new(snap)))
+        })
+        .collect();
+    let second_batched = together(
+        &engine,
+        &mut ctxs,
+        seconds
+            .iter()
+            .zip(&first_batched)
+            .map(|(job, run)| {
+                let snap = snapshot_of(run, job);
+                (job.clone(), Start::Snapshot(Box::new(snap)))
+            })
+            .collect(),
+    );
+
+    let mut replies = std::collections::HashSet::new();
+    for (round, (a, b)) in [
+        (&first_alone, &first_batched),
+        (&second_alone, &second_batched),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (i, (a, b)) in a.iter().zip(b.iter()).enumerate() {
+            assert!(
+                !a.reply.trim().is_empty(),
+                "session {i} round {round}: empty reply"
+            );
+            assert_eq!(
+                a.reply, b.reply,
+                "session {i} round {round}: reply differs in a batch"
+            );
+            assert_eq!(
+                a.token_ids, b.token_ids,
+                "session {i} round {round}: KV tokens differ"
+            );
+            assert_eq!(
+                a.segments, b.segments,
+                "session {i} round {round}: segments differ"
+            );
+            assert_eq!(a.warm, b.warm);
+            assert_eq!(a.digest_injected, b.digest_injected);
+            replies.insert(a.reply.clone());
+
+            // The batched session's KV, as its save writes it, loads alone.
+            let mut one = engine.new_context().unwrap();
+            let restored = KvSession::restore(
+                &engine,
+                &mut one,
+                b.state.as_ref().unwrap(),
+                &b.token_ids,
+                &b.segments,
+            )
+            .expect("a batched state loads into a one-sequence context");
+            assert_eq!(restored.len() as usize, b.token_ids.len());
+        }
+    }
+    assert!(
+        second_alone.iter().all(|r| r.warm),
+        "the second turns resumed warm"
+    );
+    assert!(
+        first_alone.iter().any(|r| r.digest_injected)
+            && first_alone.iter().any(|r| !r.digest_injected),
+        "both message shapes were in the batch"
+    );
+    // Four characters with four messages: a batch that crossed sessions' logits would
+    // not give four different replies that each match their own alone run.
+    assert_eq!(replies.len(), 8, "replies: {replies:?}");
+}
+
+/// The joint decode itself: sessions of different lengths, one stopped by its token limit
+/// and one aborted, against the same prompts generated alone in a one-sequence context.
+#[test]
+fn joint_generation_matches_alone_and_isolates_failures() {
+    let settings = settings(serde_json::json!({ "n_ctx": 1024 }));
+    let engine = load_engine(&smollm2(), &settings);
+    let prompts = [
+        ("You are Ada, a pilot.", "Describe the storm ahead.", 48),
+        ("You are Brun, a blacksmith.", "What is steel made of?", 48),
+        (
+            "You are Cass, a doctor.",
+            "Describe the patient in detail.",
+            3,
+        ),
+        ("You are Dov, a mapmaker.", "Where does the river end?", 48),
+    ];
+    let never = AtomicBool::new(false);
+    let mut alone = Vec::new();
+    let mut prompts_held = Vec::new();
+    let mut jobs = Vec::new();
+    for (i, (system, user, max)) in prompts.iter().enumerate() {
+        let mut base = engine.base_tokens(system);
+        // Different lengths: session i carries i extra system blocks.
+        for k in 0..i {
+            base.extend(engine.block(
+                &engine.frame.system,
+                &[&format!("Note {k}: the wind is cold.")],
+            ));
+        }
+        let message = engine.block(&engine.frame.user, &[user]);
+        let mut ctx = engine.new_context().unwrap();
+        let mut s = KvSession::empty(&engine, &mut ctx);
+        s.append(&base, Some(SegKind::Base)).unwrap();
+        let state = s.export_state();
+        s.append(&message, Some(SegKind::Turn)).unwrap();
+        let reply = s.generate(*max, &never, &mut GenStats::default()).unwrap();
+        alone.push(reply);
+        prompts_held.push([&base[..], &message[..]].concat());
+        jobs.push(SeqJob {
+            state,
+            held: base.len() as u32,
+            pending: message,
+            max: *max,
+            abort: Arc::new(AtomicBool::new(i == 3)),
+        });
+    }
+    let mut ctx = engine.new_batch_context(4).unwrap();
+    let done = decode_together(&engine, &mut ctx, jobs);
+
+    for i in 0..3 {
+        let d = done[i].as_ref().expect("session ran");
+        assert!(!alone[i].is_empty());
+        assert_eq!(
+            d.generated, alone[i],
+            "session {i}: reply differs in a batch"
+        );
+        // Exported from its own sequence, the KV loads into a one-sequence context with
+        // exactly the prompt and the reply.
+        let ids: Vec<i32> = prompts_held[i]
+            .iter()
+            .chain(&d.generated)
+            .map(|t| t.0)
+            .collect();
+        let mut one = engine.new_context().unwrap();
+        let seg = [snapshot::Segment::new(SegKind::Turn, ids.len() as u32)];
+        KvSession::restore(&engine, &mut one, &d.state, &ids, &seg)
+            .expect("a sequence's state loads into a one-sequence context");
+    }
+    assert_eq!(
+        done[2].as_ref().unwrap().generated.len(),
+        3,
+        "the token limit holds per session"
+    );
+    assert!(
+        matches!(done[3], Err(kvmem::engine::EngineError::Aborted)),
+        "the aborted session fails alone: {:?}",
+        done[3].as_ref().err()
+    );
+}
