@@ -1,12 +1,14 @@
 //! kvmem's benchmarks: warm vs cold turns, snapshot I/O phases, digest rebuild latency
 //! (idle, and under load beside echo turns), queue throughput (side by side with
 //! graphile-worker), growth, and memory in the turn (recall latency, tokens injected, warm
-//! TTFT with memory on and off). Ratios are measured in one run because the machine is
-//! shared and noisy. Run through `ops/bench`.
+//! TTFT with memory on and off), and sessions decoded together against one at a time.
+//! Ratios are measured in one run because the machine is shared and noisy. Run through
+//! `ops/bench`.
 //!
-//! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [digest-load] [queue] [growth] [recall]`
+//! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [digest-load] [queue] [growth] [recall] [batch]`
 //! and, on demand, `warm-cold-q4_0`: the warm-cold suite on SmolLM2 re-quantized to Q4_0.
 
+mod batching;
 mod common;
 
 use std::collections::BTreeMap;
@@ -46,6 +48,7 @@ async fn main() -> Result<()> {
         "queue",
         "growth",
         "recall",
+        "batch",
     ];
     let suites: Vec<&str> = if args.is_empty() {
         all.to_vec()
@@ -80,6 +83,7 @@ async fn main() -> Result<()> {
             "queue" => queue(&env).await?,
             "growth" => growth(&env).await?,
             "recall" => recall(&env).await?,
+            "batch" => batching::batching(&env.smollm2, env.quick)?,
             other => anyhow::bail!("unknown suite {other}; suites: {all:?}"),
         };
         let path = env.results.join(format!("{suite}.json"));

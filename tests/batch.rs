@@ -1,6 +1,8 @@
-//! Batched decoding (KVMEM_BATCH_SESSIONS) on SmolLM2: a session's greedy reply and saved
-//! KV are the same whether it ran alone or decoded together with other sessions, and a
-//! batched session's KV loads into a one-sequence context.
+//! Batched decoding (KVMEM_BATCH_SESSIONS) on SmolLM2 with q8_0 KV: a session's greedy
+//! reply and saved KV are the same whether it ran alone or decoded together with other
+//! sessions, at KV lengths on both sides of 512 cells (where llama.cpp's f16 attention
+//! would switch kernels); a batched session's KV loads into a one-sequence context; and a
+//! worker with batching on runs every turn once, in order.
 
 mod common;
 
@@ -69,7 +71,7 @@ fn sessions() -> Vec<(TurnJob, Vec<Exchange>)> {
                 user: message.to_string(),
                 reply_prefix: String::new(),
                 tail: 900,
-                reply_max: 40,
+                reply_max: 24,
                 export: true,
             };
             (job, history)
@@ -133,11 +135,7 @@ fn alone(engine: &Engine, job: TurnJob, start: Start) -> Box<TurnRun> {
     ran(kv::run_in_context(engine, &mut ctx, job, start, &never))
 }
 
-fn together(
-    engine: &Engine,
-    ctxs: &mut Contexts,
-    turns: Vec<(TurnJob, Start)>,
-) -> Vec<TurnRun> {
+fn together(engine: &Engine, ctxs: &mut Contexts, turns: Vec<(TurnJob, Start)>) -> Vec<TurnRun> {
     let turns = turns
         .into_iter()
         .map(|(job, start)| BatchTurn {
@@ -157,7 +155,7 @@ fn together(
 /// state must load into a one-sequence context.
 #[test]
 fn batched_turns_match_the_same_turns_run_alone() {
-    let settings = settings(serde_json::json!({ "n_ctx": 1024 }));
+    let settings = settings(serde_json::json!({ "n_ctx": 1024, "kv_type": "q8_0" }));
     let engine = load_engine(&smollm2(), &settings);
     let sessions = sessions();
 
@@ -201,7 +199,6 @@ fn batched_turns_match_the_same_turns_run_alone() {
             .collect(),
     );
 
-    let mut replies = std::collections::HashSet::new();
     for (round, (a, b)) in [
         (&first_alone, &first_batched),
         (&second_alone, &second_batched),
@@ -228,7 +225,6 @@ fn batched_turns_match_the_same_turns_run_alone() {
             );
             assert_eq!(a.warm, b.warm);
             assert_eq!(a.digest_injected, b.digest_injected);
-            replies.insert(a.reply.clone());
 
             // The batched session's KV, as its save writes it, loads alone.
             let mut one = engine.new_context().unwrap();
@@ -254,14 +250,18 @@ fn batched_turns_match_the_same_turns_run_alone() {
     );
     // Four characters with four messages: a batch that crossed sessions' logits would
     // not give four different replies that each match their own alone run.
-    assert_eq!(replies.len(), 8, "replies: {replies:?}");
+    for round in [&first_batched, &second_batched] {
+        let distinct: std::collections::HashSet<&str> =
+            round.iter().map(|r| r.reply.as_str()).collect();
+        assert_eq!(distinct.len(), 4, "{distinct:?}");
+    }
 }
 
 /// The joint decode itself: sessions of different lengths, one stopped by its token limit
 /// and one aborted, against the same prompts generated alone in a one-sequence context.
 #[test]
 fn joint_generation_matches_alone_and_isolates_failures() {
-    let settings = settings(serde_json::json!({ "n_ctx": 1024 }));
+    let settings = settings(serde_json::json!({ "n_ctx": 1024, "kv_type": "q8_0" }));
     let engine = load_engine(&smollm2(), &settings);
     let prompts = [
         ("You are Ada, a pilot.", "Describe the storm ahead.", 48),
@@ -335,4 +335,102 @@ fn joint_generation_matches_alone_and_isolates_failures() {
         "the aborted session fails alone: {:?}",
         done[3].as_ref().err()
     );
+}
+
+/// The rule that keeps batched replies exact is enforced where the user sets it.
+#[test]
+fn batching_with_f16_kv_is_refused_clearly() {
+    let err = kvmem::config::Settings::defaults()
+        .with(serde_json::json!({ "batch_sessions": 4, "kv_type": "f16" }))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("KVMEM_BATCH_SESSIONS") && err.contains("q8_0"),
+        "{err}"
+    );
+    kvmem::config::Settings::defaults()
+        .with(serde_json::json!({ "batch_sessions": 4, "kv_type": "q8_0" }))
+        .expect("q8_0 KV may batch");
+}
+
+/// A worker with batching on, through the queue: four sessions with three turns each,
+/// all enqueued before the worker starts. Every turn runs once with one reply, each
+/// session's turns complete in order, and turns did run in batches (counted).
+#[sqlx::test(migrations = false)]
+async fn a_batching_worker_runs_every_turn_once_and_in_order(pool: sqlx::PgPool) {
+    migrate(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(serde_json::json!({
+        "kv_type": "q8_0", "batch_sessions": 4, "concurrency": 4, "batch_wait_ms": 500,
+        "kv_dir": dir.path(), "memory_lane": false, "summary_lane": false,
+        "n_ctx": 1024, "reply_max_tokens": 8,
+    }));
+    // SmolLM2: the tiny model's heads are too narrow for q8_0 KV blocks.
+    let engine = load_engine(&smollm2(), &s);
+    let deps = llama_deps(&pool, s, engine, "batcher");
+    let metrics = deps.metrics.clone();
+    let mut ids = Vec::new();
+    for k in 0..4 {
+        let ch = character(&pool, &format!("u{k}"), "Ada").await;
+        for t in 0..3 {
+            let sid = format!("s{k}");
+            let id = kvmem::queue::enqueue(
+                &pool,
+                &sid,
+                &format!("u{k}"),
+                ch,
+                &format!("turn {t} of {sid}"),
+                None,
+            )
+            .await
+            .unwrap();
+            ids.push((sid, id.0));
+        }
+    }
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
+    let all = ids.len() as i64;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let done: i64 = sqlx::query_scalar("SELECT count(*) FROM turns WHERE state = 'done'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if done == all {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{done} of {all} turns done"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+
+    for k in 0..4 {
+        let sid = format!("s{k}");
+        let replies: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM messages WHERE session_id = $1 AND role = 'assistant'",
+        )
+        .bind(&sid)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(replies, 3, "{sid}: one reply per turn");
+        let order: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM turns WHERE session_id = $1 ORDER BY finished_at, id",
+        )
+        .bind(&sid)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let enqueued: Vec<i64> = ids
+            .iter()
+            .filter(|(s, _)| *s == sid)
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(order, enqueued, "{sid}: turns completed out of order");
+    }
+    assert!(metrics.batched_turns() >= 2, "no turn ran in a batch");
 }

@@ -393,6 +393,16 @@ impl Settings {
                 "must be between 1 and the smaller of KVMEM_N_BATCH and 256",
             );
         }
+        // With f16 or f32 KV, llama.cpp's CPU attention picks its kernel by batch shape (one
+        // query row over 512+ cells, or 64+ rows, take kernels that round differently), so a
+        // batched reply could differ from the one the session gets alone. With q8_0 every
+        // shape takes the same kernel, and a reply does not depend on its batch.
+        if self.batch_sessions > 1 && self.kv_type != KvType::Q8_0 {
+            return invalid(
+                "KVMEM_BATCH_SESSIONS",
+                "above 1 needs KVMEM_KV_TYPE=q8_0: with f16 or f32 KV a batched reply can differ from the same turn run alone",
+            );
+        }
         if self.heartbeat_ms == 0 || self.heartbeat_ms >= self.lease_ms {
             return invalid(
                 "KVMEM_HEARTBEAT_MS",

@@ -50,6 +50,9 @@ pub struct Metrics {
     digest_rebuilds: Counter,
     reaped: Counter,
     commit_batch: Histogram,
+    /// Sessions per batched decode (KVMEM_BATCH_SESSIONS > 1), lone turns included.
+    decode_batch: Histogram,
+    batched_turns: Counter,
     queue_depth: Family<QueueLabel, Gauge>,
     snapshot_cache: crate::snapshot::CacheCounters,
 }
@@ -80,6 +83,8 @@ impl Metrics {
             digest_rebuilds: Counter::default(),
             reaped: Counter::default(),
             commit_batch: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            decode_batch: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            batched_turns: Counter::default(),
             queue_depth: Family::default(),
             snapshot_cache: crate::snapshot::CacheCounters::default(),
             registry: Registry::default(),
@@ -123,6 +128,16 @@ impl Metrics {
             "commit_batch_turns",
             "Completions per group-commit transaction",
             m.commit_batch.clone(),
+        );
+        registry.register(
+            "decode_batch_sessions",
+            "Sessions per engine run when KVMEM_BATCH_SESSIONS > 1 (1 = a turn that ran alone)",
+            m.decode_batch.clone(),
+        );
+        registry.register(
+            "batched_turns",
+            "Turns decoded together with at least one other session",
+            m.batched_turns.clone(),
         );
         registry.register(
             "queue_depth",
@@ -196,6 +211,19 @@ impl Metrics {
 
     pub fn commit_batch(&self, n: usize) {
         self.commit_batch.observe(n as f64);
+    }
+
+    /// One engine run of `n` turns decoded together.
+    pub fn decode_batch(&self, n: usize) {
+        self.decode_batch.observe(n as f64);
+        if n > 1 {
+            self.batched_turns.inc_by(n as u64);
+        }
+    }
+
+    /// Turns decoded together with another session, so far.
+    pub fn batched_turns(&self) -> u64 {
+        self.batched_turns.get()
     }
 
     /// Refreshes the queue gauges from Postgres and renders the text exposition format.

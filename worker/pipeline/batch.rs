@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::kv::{self, BatchTurn, KvOutcome, Start, TurnJob};
 use crate::engine::EnginePool;
+use crate::metrics::Metrics;
 use crate::turn::TurnError;
 
 type Reply = oneshot::Sender<Result<KvOutcome, TurnError>>;
@@ -22,9 +23,9 @@ pub struct Batcher {
 
 impl Batcher {
     /// Starts the task that forms batches of at most `engines.batch_sessions()` turns.
-    pub fn start(engines: Arc<EnginePool>, wait: Duration) -> Batcher {
+    pub fn start(engines: Arc<EnginePool>, wait: Duration, metrics: Arc<Metrics>) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(form_batches(engines, wait, rx));
+        tokio::spawn(form_batches(engines, wait, metrics, rx));
         Batcher { tx }
     }
 
@@ -48,6 +49,7 @@ impl Batcher {
 async fn form_batches(
     engines: Arc<EnginePool>,
     wait: Duration,
+    metrics: Arc<Metrics>,
     mut rx: mpsc::UnboundedReceiver<(BatchTurn, Reply)>,
 ) {
     let size = engines.batch_sessions().max(1) as usize;
@@ -72,6 +74,7 @@ async fn form_batches(
             }
         }
         let engines = engines.clone();
+        metrics.decode_batch(turns.len());
         tokio::spawn(async move {
             let (batch, replies): (Vec<_>, Vec<_>) = turns.into_iter().unzip();
             let n = batch.len();

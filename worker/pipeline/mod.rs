@@ -296,7 +296,9 @@ impl TurnPipeline {
         let ran = if self.engines.batch_sessions() > 1 {
             let wait = std::time::Duration::from_millis(self.settings.batch_wait_ms);
             self.batcher
-                .get_or_init(|| batch::Batcher::start(self.engines.clone(), wait))
+                .get_or_init(|| {
+                    batch::Batcher::start(self.engines.clone(), wait, self.metrics.clone())
+                })
                 .run(job, start, abort)
                 .await
         } else {
