@@ -16,7 +16,7 @@ use kvmem::engine::{Contexts, Engine, GenStats, KvSession};
 use kvmem::pipeline::history::Exchange;
 use kvmem::pipeline::kv::{self, BatchTurn, ColdSource, KvOutcome, Start, TurnJob, TurnRun};
 use kvmem::pipeline::recall::ContextBlock;
-use kvmem::snapshot::{self, Compression, Header, SegKind, Snapshot};
+use kvmem::snapshot::{self, Header, SegKind, Snapshot};
 
 /// Four sessions with their own characters, histories, HUDs and messages; two of them
 /// carry a digest, so both shapes of a message (after injected blocks, and straight after
@@ -88,25 +88,10 @@ fn ran(outcome: Result<KvOutcome, kvmem::turn::TurnError>) -> Box<TurnRun> {
 
 /// The snapshot a turn's save would write, decoded back.
 fn snapshot_of(run: &TurnRun, job: &TurnJob) -> Snapshot {
-    let mut header = Header {
-        format_version: snapshot::FORMAT_VERSION,
-        model_sha: String::new(),
-        digest_version: run.kv_digest_version.clone(),
-        crc32c: 0,
-        tokens: 0,
-        bytes: 0,
-        stored_bytes: 0,
-        timestamp: 0,
-        llama_build: kvmem::engine::LLAMA_BUILD.into(),
-        n_ctx: 0,
-        type_k: "f16".into(),
-        type_v: "f16".into(),
-        compression: Compression::None,
-        scope: format!("s{}", job.turn_id),
-        turn_id: job.turn_id,
-        fence: 1,
-        segments: run.segments.clone(),
-    };
+    let mut header = Header::new("", kvmem::engine::LLAMA_BUILD, &format!("s{}", job.turn_id))
+        .with_turn(job.turn_id, 1)
+        .with_digest(&run.kv_digest_version)
+        .with_segments(run.segments.clone());
     let state = run.state.as_ref().expect("exported state");
     let file = snapshot::encode(&mut header, &run.token_ids, state).unwrap();
     snapshot::decode(&file, snapshot::Limits::LOOSE).unwrap()

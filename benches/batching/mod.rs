@@ -15,7 +15,7 @@ use kvmem::engine::{Contexts, Engine, EngineParams};
 use kvmem::pipeline::history::Exchange;
 use kvmem::pipeline::kv::{self, BatchTurn, ColdSource, KvOutcome, Start, TurnJob, TurnRun};
 use kvmem::pipeline::recall::ContextBlock;
-use kvmem::snapshot::{self, Compression, Header, Limits, Snapshot};
+use kvmem::snapshot::{self, Header, Limits, Snapshot};
 use serde_json::{json, Value};
 
 use crate::{median, spread};
@@ -76,25 +76,10 @@ fn ran(outcome: Result<KvOutcome, kvmem::turn::TurnError>) -> Result<TurnRun> {
 
 /// The snapshot a save of `run` would write, decoded back.
 fn snapshot_of(run: &TurnRun, turn_id: i64) -> Result<Snapshot> {
-    let mut header = Header {
-        format_version: snapshot::FORMAT_VERSION,
-        model_sha: String::new(),
-        digest_version: run.kv_digest_version.clone(),
-        crc32c: 0,
-        tokens: 0,
-        bytes: 0,
-        stored_bytes: 0,
-        timestamp: 0,
-        llama_build: kvmem::engine::LLAMA_BUILD.into(),
-        n_ctx: 0,
-        type_k: String::new(),
-        type_v: String::new(),
-        compression: Compression::None,
-        scope: format!("bench{turn_id}"),
-        turn_id,
-        fence: 1,
-        segments: run.segments.clone(),
-    };
+    let mut header = Header::new("", kvmem::engine::LLAMA_BUILD, &format!("bench{turn_id}"))
+        .with_turn(turn_id, 1)
+        .with_digest(&run.kv_digest_version)
+        .with_segments(run.segments.clone());
     let state = run.state.as_deref().unwrap_or_default();
     let file = snapshot::encode(&mut header, &run.token_ids, state)?;
     Ok(snapshot::decode(&file, Limits::LOOSE)?)
