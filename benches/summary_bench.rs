@@ -5,6 +5,8 @@
 //!
 //! `cargo bench --bench summary_bench -- [kinds] [latency]`
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use kvmem::engine::{Engine, EngineParams};
 use kvmem::summary::{compaction, daily, jobs, SummaryConfig, SummaryService};
 use kvmem::system::{self, Model};
 use serde_json::{json, Value};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 struct Env {
@@ -74,30 +76,7 @@ fn settings() -> Result<Settings> {
 
 /// A fresh, migrated database for one suite.
 async fn fresh_db(env: &Env, name: &str) -> Result<PgPool> {
-    let mut admin = sqlx::PgConnection::connect(&env.base_url).await?;
-    for sql in [
-        format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        format!("CREATE DATABASE {name}"),
-    ] {
-        sqlx::query(&sql).execute(&mut admin).await?;
-    }
-    let (head, _) = env
-        .base_url
-        .rsplit_once('/')
-        .context("DATABASE_URL has no database path")?;
-    let pool = kvmem::db::connect(&format!("{head}/{name}"), 16).await?;
-    kvmem::db::migrate(&pool).await?;
-    Ok(pool)
-}
-
-async fn character(pool: &PgPool, user: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar(
-        "INSERT INTO user_characters (user_id, name, persona, current_health, max_health, wallet, stress_level, team_trust)
-         VALUES ($1, 'Captain Vega', 'A calm starship captain.', 82, 100, 1250, 35, 70) RETURNING id",
-    )
-    .bind(user)
-    .fetch_one(pool)
-    .await?)
+    Ok(common::fresh_db(&env.base_url, name, 16).await?.0)
 }
 
 /// Varied dialogue about one user's week, so every summary has something to say.
@@ -149,7 +128,7 @@ async fn turn(pool: &PgPool, user: &str, ch: i64, when: DateTime<Utc>, i: usize)
 
 /// A user and character with `n` turns a minute apart from `t0`.
 async fn user_with_turns(pool: &PgPool, user: &str, t0: DateTime<Utc>, n: usize) -> Result<i64> {
-    let ch = character(pool, user).await?;
+    let ch = common::character(pool, user).await?;
     for i in 0..n {
         turn(pool, user, ch, t0 + chrono::Duration::minutes(i as i64), i).await?;
     }
@@ -323,7 +302,7 @@ async fn latency(env: &Env) -> Result<Value> {
     )?);
     let pool = fresh_db(env, "kvmem_bench_summary_latency").await?;
     set_triggers(&pool, 1000, 1000).await?;
-    let ch = character(&pool, "live").await?;
+    let ch = common::character(&pool, "live").await?;
     let deps = system::deps(
         pool.clone(),
         Arc::new(settings),
@@ -392,7 +371,7 @@ async fn backlog(pool: &PgPool, users: usize) -> Result<i64> {
     let when = Utc::now() - chrono::Duration::hours(1);
     for u in 0..users {
         let user = format!("backlog{u}");
-        let ch = character(pool, &user).await?;
+        let ch = common::character(pool, &user).await?;
         for i in 0..4 {
             turn(
                 pool,

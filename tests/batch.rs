@@ -123,11 +123,7 @@ fn alone(engine: &Engine, job: TurnJob, start: Start) -> Box<TurnRun> {
 fn together(engine: &Engine, ctxs: &mut Contexts, turns: Vec<(TurnJob, Start)>) -> Vec<TurnRun> {
     let turns = turns
         .into_iter()
-        .map(|(job, start)| BatchTurn {
-            job,
-            start,
-            abort: Arc::new(AtomicBool::new(false)),
-        })
+        .map(|(job, start)| BatchTurn::new(job, start))
         .collect();
     kv::run_batch(engine, ctxs, turns)
         .into_iter()

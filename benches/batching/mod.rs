@@ -5,7 +5,6 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -129,11 +128,7 @@ fn together(engine: &Engine, ctxs: &mut Contexts, turns: Vec<(TurnJob, Start)>) 
     let started = Instant::now();
     let batch = turns
         .into_iter()
-        .map(|(job, start)| BatchTurn {
-            job,
-            start,
-            abort: Arc::new(AtomicBool::new(false)),
-        })
+        .map(|(job, start)| BatchTurn::new(job, start))
         .collect();
     let runs = kv::run_batch(engine, ctxs, batch)
         .into_iter()

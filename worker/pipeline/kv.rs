@@ -155,8 +155,7 @@ pub fn run_in_context(
         Opened::Ready(session, prepared) => (session, *prepared),
         Opened::Refused(why) => return Ok(KvOutcome::Refused(why)),
     };
-    let (message, kind) = prepared.message();
-    session.append(message, Some(kind))?;
+    session.append(prepared.message(), Some(SegKind::Turn))?;
     session.append(&prepared.blocks.prefix, None)?;
     let mut stats = GenStats {
         prefill_ms: prepared.prefill_started.elapsed().as_millis() as u64,
@@ -184,6 +183,17 @@ pub struct BatchTurn {
     pub abort: Arc<AtomicBool>,
 }
 
+impl BatchTurn {
+    /// A turn nothing aborts (benchmarks, tests and replays of a batch).
+    pub fn new(job: TurnJob, start: Start) -> BatchTurn {
+        BatchTurn {
+            job,
+            start,
+            abort: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
 /// Several sessions' turns on one engine thread, their messages and replies decoded
 /// together ([`engine::batch`]). Each turn is prepared (steps 1–3 but the message) in the
 /// one-sequence context and handed over as its exported KV; after the shared decode its
@@ -208,7 +218,7 @@ pub fn run_batch(
     for turn in turns {
         let prepared = match prepare(engine, &mut ctxs.work, turn.job, turn.start) {
             Ok(Opened::Ready(session, prepared)) => {
-                let (message, _) = prepared.message();
+                let message = prepared.message();
                 seqs.push(SeqJob {
                     state: session.export_state(),
                     held: session.len(),
@@ -296,13 +306,13 @@ struct Prepared {
 }
 
 impl Prepared {
-    /// The tokens that open the exchange, and the kind of segment they start: the whole
-    /// user block after injected blocks, else the message after the HUD segment's opening.
-    fn message(&self) -> (&[LlamaToken], SegKind) {
+    /// The tokens that open the exchange (a new turn segment): the whole user block after
+    /// injected blocks, else the message after the HUD segment's opening.
+    fn message(&self) -> &[LlamaToken] {
         if self.injected.any() {
-            (&self.blocks.user, SegKind::Turn)
+            &self.blocks.user
         } else {
-            (&self.blocks.user[self.blocks.opener..], SegKind::Turn)
+            &self.blocks.user[self.blocks.opener..]
         }
     }
 }
