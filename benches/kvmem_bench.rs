@@ -243,9 +243,17 @@ struct TurnTimes {
     save_ms: i32,
 }
 
-/// Runs one turn through the queue and reads its log row.
-async fn timed_turn(deps: &Deps, sid: &str, ch: i64, msg: &str) -> Result<TurnTimes> {
+/// Runs one turn through the queue, then the memory lane's jobs (the new messages'
+/// embeddings) as a live worker runs them between turns, and reads the turn's log row.
+async fn timed_turn(
+    deps: &Deps,
+    lane: &kvmem::memory::MemoryService,
+    sid: &str,
+    ch: i64,
+    msg: &str,
+) -> Result<TurnTimes> {
     let id = run_one(deps, sid, ch, msg).await?;
+    kvmem::memory::jobs::drain(lane).await?;
     Ok(sqlx::query_as(
         "SELECT ttft_ms, latency_ms, cold, tokens_loaded, load_ms, prefill_ms, prefill_tokens,
                 generate_ms, redecode_ms, save_ms
@@ -265,16 +273,36 @@ const QUICK_RATIO_FLOOR: f64 = 10.0;
 /// The goals the speed work set: cold ÷ warm TTFT at about 1,000 and 2,000 tokens.
 const RATIO_GOALS: [(usize, f64); 2] = [(1000, 50.0), (2000, 100.0)];
 
+/// The warm-cold suite once per KV cache type (`KVMEM_BENCH_KV_TYPES`, default `f16,q8_0`:
+/// the default and the one batching needs), and at the history sizes of
+/// `KVMEM_BENCH_SIZES` (default 500, 1,000 and 2,000; 500 with `--quick`).
 async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
-    let sizes: &[usize] = if env.quick {
-        &[500]
-    } else {
-        &[500, 1000, 2000]
+    let list = |var: &str, default: &str| -> Vec<String> {
+        std::env::var(var)
+            .unwrap_or_else(|_| default.to_string())
+            .split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect()
     };
+    let default_sizes = if env.quick { "500" } else { "500,1000,2000" };
+    let sizes = list("KVMEM_BENCH_SIZES", default_sizes)
+        .iter()
+        .map(|x| x.parse::<usize>().context("KVMEM_BENCH_SIZES: token counts"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::new();
+    for kv_type in list("KVMEM_BENCH_KV_TYPES", "f16,q8_0") {
+        out.push(warm_cold_kv(env, model, &kv_type, &sizes).await?);
+    }
+    Ok(json!({"suite": "warm-cold", "model": model, "kv_types": out}))
+}
+
+async fn warm_cold_kv(env: &Env, model: &Path, kv_type: &str, sizes: &[usize]) -> Result<Value> {
     let (warm_n, cold_n) = if env.quick { (3, 2) } else { (5, 3) };
-    let kv_dir = tempdir("warm-cold")?;
+    let kv_dir = tempdir(&format!("warm-cold-{kv_type}"))?;
     let base = Settings::defaults().with(json!({
         "kv_dir": kv_dir, "n_ctx": 4096, "kv_tail_tokens": 3000, "reply_max_tokens": 32, "log_level": "warn",
+        "kv_type": kv_type,
     }))?;
     let engine = Arc::new(Engine::load(
         model,
@@ -286,14 +314,14 @@ async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
     let mut shares = Vec::new();
     let mut ratios = Vec::new();
     let name = model.file_name().unwrap_or_default().to_string_lossy();
-    println!("## Warm vs cold ({name}, f16 KV, reply ≤ 32 tokens)\n");
+    println!("## Warm vs cold ({name}, {kv_type} KV, reply ≤ 32 tokens)\n");
     println!("Cold re-prefills the whole dialogue: `cold (lost snapshot)` decodes the recorded KV dialogue, `rollback` rebuilds it from the text. Medians, [min–max] over n turns.\n");
     println!("| history tokens | mode | ttft ms | cold ÷ this (ttft) | turn ms | prefill tokens | prefill ms | n |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for &size in sizes {
-        // A database per size: every size is one user's only history, so recall (on, as
+        // A database per size and KV type: every size is one user's only history, so recall (on, as
         // by default) never finds the same filler in another size's session.
-        let (pool, _) = fresh_db(env, &format!("kvmem_bench_warm_cold_{size}")).await?;
+        let (pool, _) = fresh_db(env, &format!("kvmem_bench_warm_cold_{kv_type}_{size}")).await?;
         let ch = character(&pool).await?;
         let warm_deps = llama_deps(&pool, base.clone(), engine.clone())?;
         let rollback_deps = llama_deps(
@@ -303,20 +331,24 @@ async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
         )?;
         let sid = format!("wc{size}");
         let history = seed_history(&pool, &engine, &sid, ch, size).await?;
+        // The lane embeds the seeded dialogue, as it would have while those turns ran;
+        // else recall would embed its candidates on the turn's own path.
+        let lane = kvmem::memory::worker_service(pool.clone(), &base).await?;
+        kvmem::memory::jobs::drain(&lane).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
         let mut modes: BTreeMap<&str, Vec<TurnTimes>> = BTreeMap::new();
         for i in 0..cold_n {
             let t =
-                timed_turn(&rollback_deps, &sid, ch, &format!("Rollback question {i}?")).await?;
+                timed_turn(&rollback_deps, &lane, &sid, ch, &format!("Rollback question {i}?")).await?;
             anyhow::ensure!(t.cold, "a rollback turn ran warm");
             modes.entry("rollback").or_default().push(t);
         }
         // The first kv_only turn finds no snapshot (rollback turns write none): it is cold.
-        let t = timed_turn(&warm_deps, &sid, ch, "Status report?").await?;
+        let t = timed_turn(&warm_deps, &lane, &sid, ch, "Status report?").await?;
         anyhow::ensure!(t.cold, "the first kv_only turn found a snapshot");
         modes.entry("cold (lost snapshot)").or_default().push(t);
         for i in 0..warm_n {
-            let t = timed_turn(&warm_deps, &sid, ch, &format!("Warm question {i}?")).await?;
+            let t = timed_turn(&warm_deps, &lane, &sid, ch, &format!("Warm question {i}?")).await?;
             anyhow::ensure!(
                 !t.cold && t.tokens_loaded as usize >= history,
                 "a warm turn ran cold or lost history"
@@ -325,7 +357,7 @@ async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
         }
         for i in 1..cold_n {
             store.remove(&scope)?;
-            let t = timed_turn(&warm_deps, &sid, ch, &format!("After loss {i}?")).await?;
+            let t = timed_turn(&warm_deps, &lane, &sid, ch, &format!("After loss {i}?")).await?;
             anyhow::ensure!(t.cold, "a turn after the snapshot's loss ran warm");
             modes.entry("cold (lost snapshot)").or_default().push(t);
         }
@@ -410,21 +442,21 @@ async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
                     if cold >= g { "met" } else { "NOT met" }
                 )
             });
-        println!("- {h} tokens: cold ÷ warm TTFT {cold:.1}×{goal}; rollback ÷ warm {rollback:.1}×");
+        println!("- {h} tokens, {kv_type} KV: cold ÷ warm TTFT {cold:.1}×{goal}; rollback ÷ warm {rollback:.1}×");
     }
     println!();
     if env.quick {
         let (h, cold, _) = ratios[0];
         anyhow::ensure!(
             cold >= QUICK_RATIO_FLOOR,
-            "warm-cold regression: cold ÷ warm TTFT at {h} tokens is {cold:.1}×, under the floor of {QUICK_RATIO_FLOOR}×"
+            "warm-cold regression: cold ÷ warm TTFT at {h} tokens ({kv_type} KV) is {cold:.1}×, under the floor of {QUICK_RATIO_FLOOR}×"
         );
     }
     let ratios: Vec<Value> = ratios
         .iter()
         .map(|(h, c, r)| json!({"history_tokens": h, "cold_over_warm_ttft": c, "rollback_over_warm_ttft": r}))
         .collect();
-    Ok(json!({"suite": "warm-cold", "model": model, "rows": rows, "ratios": ratios}))
+    Ok(json!({"kv_type": kv_type, "rows": rows, "ratios": ratios}))
 }
 
 /// `median [min–max]` of a sample.
@@ -1291,10 +1323,11 @@ async fn growth(env: &Env) -> Result<Value> {
     )?);
     let (pool, _) = fresh_db(env, "kvmem_bench_growth").await?;
     let ch = character(&pool).await?;
+    let lane = kvmem::memory::worker_service(pool.clone(), &s).await?;
     let deps = llama_deps(&pool, s, engine)?;
     for i in 0..turns {
         let (u, _) = filler(i);
-        timed_turn(&deps, "grow", ch, &u).await?;
+        timed_turn(&deps, &lane, "grow", ch, &u).await?;
     }
     let rows: Vec<(i32, i64, i32)> =
         sqlx::query_as("SELECT tokens_in_kv, kv_bytes, latency_ms FROM turn_log WHERE sid = 'grow' ORDER BY turn_id")
