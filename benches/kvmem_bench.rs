@@ -264,11 +264,11 @@ async fn timed_turn(
     .await?)
 }
 
-/// The lowest cold ÷ warm TTFT ratio `--quick` accepts at its one size (about 500 tokens).
-/// A regression guard, not a timing claim: measured there at 13.5× to 26.6× on SmolLM2 Q4_1 (the low end with
-/// another build and test run on the same 2 cores), so noise alone does not trip it, while
-/// a warm path that re-prefills or runs cold does.
-const QUICK_RATIO_FLOOR: f64 = 10.0;
+/// The lowest cold ÷ warm TTFT ratio `--quick` accepts at its one size (about 500 tokens),
+/// for each KV type. A regression guard, not a timing claim: `--quick` measured 29.9× to
+/// 37.0× there on SmolLM2 Q4_1 (two runs, both KV types), so noise alone does not trip
+/// it, while a warm path that re-prefills or runs cold does.
+const QUICK_RATIO_FLOOR: f64 = 15.0;
 
 /// The goals the speed work set: cold ÷ warm TTFT at about 1,000 and 2,000 tokens.
 const RATIO_GOALS: [(usize, f64); 2] = [(1000, 50.0), (2000, 100.0)];
@@ -288,7 +288,10 @@ async fn warm_cold(env: &Env, model: &Path) -> Result<Value> {
     let default_sizes = if env.quick { "500" } else { "500,1000,2000" };
     let sizes = list("KVMEM_BENCH_SIZES", default_sizes)
         .iter()
-        .map(|x| x.parse::<usize>().context("KVMEM_BENCH_SIZES: token counts"))
+        .map(|x| {
+            x.parse::<usize>()
+                .context("KVMEM_BENCH_SIZES: token counts")
+        })
         .collect::<Result<Vec<_>>>()?;
     let mut out = Vec::new();
     for kv_type in list("KVMEM_BENCH_KV_TYPES", "f16,q8_0") {
@@ -338,8 +341,14 @@ async fn warm_cold_kv(env: &Env, model: &Path, kv_type: &str, sizes: &[usize]) -
         let scope = snapshot::scope_key("bench", ch, &sid);
         let mut modes: BTreeMap<&str, Vec<TurnTimes>> = BTreeMap::new();
         for i in 0..cold_n {
-            let t =
-                timed_turn(&rollback_deps, &lane, &sid, ch, &format!("Rollback question {i}?")).await?;
+            let t = timed_turn(
+                &rollback_deps,
+                &lane,
+                &sid,
+                ch,
+                &format!("Rollback question {i}?"),
+            )
+            .await?;
             anyhow::ensure!(t.cold, "a rollback turn ran warm");
             modes.entry("rollback").or_default().push(t);
         }

@@ -62,10 +62,11 @@ const MESSAGES: [&str; 10] = [
 const LOSSES: [(usize, Loss); 3] = [(4, Loss::Deleted), (6, Loss::Corrupted), (8, Loss::Stale)];
 const STALE_SOURCE: usize = 5;
 
-fn scene_settings(dir: &std::path::Path) -> kvmem::config::Settings {
+fn scene_settings(dir: &std::path::Path, kv_type: &str) -> kvmem::config::Settings {
     // A tail of 200 tokens prunes the first exchanges within four turns.
     settings(json!({
         "kv_dir": dir, "n_ctx": 1024, "kv_tail_tokens": 200, "reply_max_tokens": 24,
+        "kv_type": kv_type,
     }))
 }
 
@@ -151,13 +152,13 @@ fn exchanges(segments: &str) -> usize {
     segments.split(',').filter(|s| s.starts_with("T:")).count()
 }
 
-async fn cold_equals_warm(pool: PgPool, model: std::path::PathBuf) {
+async fn cold_equals_warm(pool: PgPool, model: std::path::PathBuf, kv_type: &str) {
     migrate(&pool).await;
     // One user per conversation: recall searches a user's own past dialogue, so a second
     // conversation of the same user would recall the first, and they would differ for
     // that reason alone.
     let dir = tempfile::tempdir().unwrap();
-    let s = scene_settings(dir.path());
+    let s = scene_settings(dir.path(), kv_type);
     let engine = load_engine(&model, &s);
     let deps = llama_deps(&pool, s.clone(), engine.clone(), "w1");
 
@@ -280,10 +281,16 @@ async fn cold_equals_warm(pool: PgPool, model: std::path::PathBuf) {
 
 #[sqlx::test(migrations = false)]
 async fn cold_equals_warm_on_the_tiny_model(pool: PgPool) {
-    cold_equals_warm(pool, tiny_model()).await;
+    cold_equals_warm(pool, tiny_model(), "f16").await;
 }
 
 #[sqlx::test(migrations = false)]
 async fn cold_equals_warm_on_smollm2(pool: PgPool) {
-    cold_equals_warm(pool, smollm2()).await;
+    cold_equals_warm(pool, smollm2(), "f16").await;
+}
+
+/// The production profile's KV type, which the speed figures use.
+#[sqlx::test(migrations = false)]
+async fn cold_equals_warm_on_smollm2_with_q8_0_kv(pool: PgPool) {
+    cold_equals_warm(pool, smollm2(), "q8_0").await;
 }

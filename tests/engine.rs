@@ -59,8 +59,8 @@ fn turn(
 
 /// Runs three turns, saves through the LLKV1 format, then compares the fourth turn
 /// continued in memory against the fourth turn after a restore into a fresh context.
-fn exact_resume(model: &Path, tail: u32, reply_max: u32) {
-    let settings = settings(serde_json::json!({ "n_ctx": 1024 }));
+fn exact_resume(model: &Path, tail: u32, reply_max: u32, kv_type: &str) {
+    let settings = settings(serde_json::json!({ "n_ctx": 1024, "kv_type": kv_type }));
     let engine = load_engine(model, &settings);
     let mut ctx_a = engine.new_context().unwrap();
     let mut a = KvSession::empty(&engine, &mut ctx_a);
@@ -88,6 +88,7 @@ fn exact_resume(model: &Path, tail: u32, reply_max: u32) {
         assert!(a.len() <= tail);
     }
     let mut h = header();
+    (h.type_k, h.type_v) = (kv_type.into(), kv_type.into());
     h.segments = a.segments().to_vec();
     let file = snapshot::encode(&mut h, &a.token_ids(), &a.export_state()).unwrap();
     let snap = snapshot::decode(&file, Limits::LOOSE).unwrap();
@@ -129,13 +130,19 @@ fn exact_resume(model: &Path, tail: u32, reply_max: u32) {
 #[test]
 fn tiny_model_resumes_exactly_after_pruning_and_hud_removal() {
     // A small tail forces pruning (and a position shift) before every save.
-    exact_resume(&tiny_model(), 160, 24);
+    exact_resume(&tiny_model(), 160, 24, "f16");
 }
 
 #[test]
 fn smollm2_resumes_exactly() {
     // SmolLM2 is the sensitive check: a missed RoPE shift changes its greedy output.
-    exact_resume(&smollm2(), 120, 24);
+    exact_resume(&smollm2(), 120, 24, "f16");
+}
+
+#[test]
+fn smollm2_resumes_exactly_with_q8_0_kv() {
+    // The production profile's KV type: the prune's position shift re-quantizes K.
+    exact_resume(&smollm2(), 120, 24, "q8_0");
 }
 
 #[test]
