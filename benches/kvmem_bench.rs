@@ -244,7 +244,28 @@ struct TurnTimes {
 }
 
 /// Runs one turn through the queue, then the memory lane's jobs (the new messages'
-/// embeddings) as a live worker runs them between turns, and reads the turn's log row.
+/// embeddings) as a live worker runs them between turns (the lane's time is not the
+/// turn's), and reads `columns` of the turn's log row.
+async fn lane_turn<T>(
+    deps: &Deps,
+    lane: &kvmem::memory::MemoryService,
+    (sid, ch, msg): (&str, i64, &str),
+    columns: &str,
+) -> Result<T>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
+    let id = run_one(deps, sid, ch, msg).await?;
+    kvmem::memory::jobs::drain(lane).await?;
+    Ok(sqlx::query_as(&format!(
+        "SELECT {columns} FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1"
+    ))
+    .bind(id.0)
+    .fetch_one(&deps.pool)
+    .await?)
+}
+
+/// One turn as the warm-cold and growth suites read it.
 async fn timed_turn(
     deps: &Deps,
     lane: &kvmem::memory::MemoryService,
@@ -252,16 +273,14 @@ async fn timed_turn(
     ch: i64,
     msg: &str,
 ) -> Result<TurnTimes> {
-    let id = run_one(deps, sid, ch, msg).await?;
-    kvmem::memory::jobs::drain(lane).await?;
-    Ok(sqlx::query_as(
-        "SELECT ttft_ms, latency_ms, cold, tokens_loaded, load_ms, prefill_ms, prefill_tokens,
-                generate_ms, redecode_ms, save_ms
-           FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    lane_turn(
+        deps,
+        lane,
+        (sid, ch, msg),
+        "ttft_ms, latency_ms, cold, tokens_loaded, load_ms, prefill_ms, prefill_tokens,
+         generate_ms, redecode_ms, save_ms",
     )
-    .bind(id.0)
-    .fetch_one(&deps.pool)
-    .await?)
+    .await
 }
 
 /// The lowest cold ÷ warm TTFT ratio `--quick` accepts at its one size (about 500 tokens),
@@ -1376,8 +1395,7 @@ struct MemoryRow {
     context_injected: bool,
 }
 
-/// One turn, then the memory lane's jobs (the new messages' embeddings), as a live
-/// worker runs them between turns; the lane's time is not the turn's.
+/// One turn as the recall suite reads it.
 async fn memory_turn(
     deps: &Deps,
     lane: &kvmem::memory::MemoryService,
@@ -1385,16 +1403,13 @@ async fn memory_turn(
     ch: i64,
     msg: &str,
 ) -> Result<MemoryRow> {
-    let id = run_one(deps, sid, ch, msg).await?;
-    kvmem::memory::jobs::drain(lane).await?;
-    Ok(sqlx::query_as(
-        "SELECT ttft_ms, cold, recall_ms, m_tokens, c_tokens, memories_injected,
-                context_injected
-           FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1",
+    lane_turn(
+        deps,
+        lane,
+        (sid, ch, msg),
+        "ttft_ms, cold, recall_ms, m_tokens, c_tokens, memories_injected, context_injected",
     )
-    .bind(id.0)
-    .fetch_one(&deps.pool)
-    .await?)
+    .await
 }
 
 /// Facts a user told in earlier sessions, for the 200-turn session to recall.
