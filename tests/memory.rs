@@ -818,6 +818,90 @@ async fn live_turn_messages_feed_the_corpus_and_the_lane(pool: PgPool) {
     ));
 }
 
+/// A completion batch inserts many users' messages in one statement; the backlog rule
+/// still holds per user, and one user's overflow drops none of another's jobs.
+#[sqlx::test(migrations = false)]
+async fn one_statement_of_many_messages_keeps_the_backlog_rule_per_user(pool: PgPool) {
+    common::migrate(&pool).await;
+    sqlx::query("UPDATE kvmem_config SET value = '3' WHERE key = 'memory_backlog_max'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut turns = Vec::new();
+    for (user, n) in [("dora", 3), ("eli", 1)] {
+        let ch = common::character(&pool, user, "Vega").await;
+        for i in 0..n {
+            let id: i64 = sqlx::query_scalar(
+                "INSERT INTO turns (session_id, user_id, character_id, message, state)
+                 VALUES ($1, $2, $3, 'x', 'done') RETURNING id",
+            )
+            .bind(format!("{user}-s"))
+            .bind(user)
+            .bind(ch)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            turns.push((id, format!("{user}-s"), i));
+        }
+    }
+    // Interleaved as a batch of turns from two users is: dora, dora, eli, dora.
+    let order = [0usize, 1, 3, 2];
+    let mut values = Vec::new();
+    for &k in &order {
+        let (id, sid, i) = &turns[k];
+        values.push(format!("('{sid}', {id}, 'user', 'message {i}')"));
+        values.push(format!("('{sid}', {id}, 'assistant', 'reply {i}')"));
+    }
+    sqlx::query(&format!(
+        "INSERT INTO messages (session_id, turn_id, role, content) VALUES {}",
+        values.join(", ")
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let dora: Vec<(String, String)> = sqlx::query_as(
+        "SELECT m.message_id, j.state FROM memory_jobs j
+           JOIN memory_messages m ON m.id = j.memory_message_id
+          WHERE j.user_id = 'dora' ORDER BY j.id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let states: Vec<&str> = dora.iter().map(|(_, s)| s.as_str()).collect();
+    assert_eq!(
+        states,
+        ["dropped", "dropped", "dropped", "queued", "queued", "queued"],
+        "dora's six messages leave the newest three: {dora:?}"
+    );
+    let expected_first = format!("turn:{}:user", turns[0].0);
+    assert_eq!(dora[0].0, expected_first, "jobs follow message order");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_jobs WHERE user_id = 'eli' AND state = 'queued'"
+        )
+        .await,
+        2
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT coalesce(sum(dropped), 0)::bigint FROM memory_job_drops WHERE user_id = 'dora'"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_job_drops WHERE user_id = 'eli'"
+        )
+        .await,
+        0
+    );
+}
+
 #[sqlx::test(migrations = false)]
 async fn backlog_overflow_drops_oldest_and_counts(pool: PgPool) {
     common::migrate(&pool).await;

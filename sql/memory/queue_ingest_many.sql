@@ -1,3 +1,3 @@
--- Queues ingest jobs for imported messages (`--extract llm`), with the backlog rule;
--- autocommit, one statement.
-SELECT kvmem_memory_queue_ingest(id) FROM unnest($1::bigint[]) AS id
+-- Queues ingest jobs for imported messages (`--extract llm`), with the backlog rule applied
+-- once per user; autocommit, one statement. Returns the ids of the jobs created.
+SELECT kvmem_memory_queue_ingest_many($1::bigint[])
