@@ -22,30 +22,55 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Where cluster `n` of this test process lives and listens.
-    fn place(n: u32) -> (String, String) {
-        let dir = format!("/tmp/kvmem-pg-restart-{}-{n}", std::process::id());
-        let port = (55000 + (std::process::id() % 500) * 3 + n).to_string();
+    /// Where cluster `n` of this test process lives and listens on its `attempt`th try.
+    /// The ports sit below Linux's ephemeral range (32768 and up), where a client
+    /// connection's local port could already hold them.
+    fn place(n: u32, attempt: u32) -> (String, String) {
+        let pid = std::process::id();
+        let dir = format!("/tmp/kvmem-pg-restart-{pid}-{n}-{attempt}");
+        let port = (20000 + ((pid % 1000) * 9 + n + attempt * 3) % 12000).to_string();
         (dir, port)
     }
 
+    /// Starts cluster `n` (0, 1 or 2). A port another process holds is the machine's, not
+    /// the code under test's: the start is tried on three ports, and each failure's log
+    /// is printed.
     fn start(n: u32) -> Cluster {
-        let (dir, port) = Cluster::place(n);
-        let out = Command::new(PG)
-            .arg("start")
-            .env_remove("DATABASE_URL")
-            .env("KVMEM_PG_DIR", &dir)
-            .env("KVMEM_PG_PORT", &port)
-            .output()
-            .expect("ops/pg start");
-        assert_success(&out);
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let url = text
-            .trim()
-            .trim_start_matches("export DATABASE_URL='")
-            .trim_end_matches('\'')
-            .to_string();
-        Cluster { dir, port, url }
+        Cluster::start_tries(n, 3)
+    }
+
+    fn start_tries(n: u32, tries: u32) -> Cluster {
+        let mut failures = Vec::new();
+        for attempt in 0..tries {
+            let (dir, port) = Cluster::place(n, attempt);
+            let out = Command::new(PG)
+                .arg("start")
+                .env_remove("DATABASE_URL")
+                .env("KVMEM_PG_DIR", &dir)
+                .env("KVMEM_PG_PORT", &port)
+                .output()
+                .expect("ops/pg start");
+            if !out.status.success() {
+                let why = String::from_utf8_lossy(&out.stderr).to_string();
+                eprintln!("ops/pg start on port {port} failed:\n{why}");
+                failures.push(why);
+                // Deletes the data directory, whose config names the failed port.
+                drop(Cluster {
+                    dir,
+                    port,
+                    url: String::new(),
+                });
+                continue;
+            }
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let url = text
+                .trim()
+                .trim_start_matches("export DATABASE_URL='")
+                .trim_end_matches('\'')
+                .to_string();
+            return Cluster { dir, port, url };
+        }
+        panic!("ops/pg start failed on {tries} port(s): {failures:#?}");
     }
 
     /// `restart` or `crash` (see ops/pg).
@@ -301,7 +326,8 @@ async fn outage_under_load(n: u32, how: &str) {
 /// (workers and Postgres are often started together), then works as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_started_before_its_database_waits_for_it() {
-    let (dir, port) = Cluster::place(2);
+    // One port only: the worker is already pointed at it.
+    let (dir, port) = Cluster::place(2, 0);
     let out = Command::new(PG)
         .arg("url")
         .env("KVMEM_PG_DIR", &dir)
@@ -327,7 +353,7 @@ async fn a_worker_started_before_its_database_waits_for_it() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cluster = Cluster::start(2);
+    let cluster = Cluster::start_tries(2, 1);
     assert_eq!(cluster.url, url);
     let pool = until_ok(|| async {
         kvmem::db::connect(&cluster.url, 2)
