@@ -3,6 +3,8 @@
 -- `ops/queue-profile` put at a fifth of a completion's database time. Now the close job's
 -- row is rewritten only when its due time moves (all messages of one completion share
 -- theirs), and a queued spine job is left as queued: the job reads the totals when it runs.
+-- Neither beat replaces a queued job's payload any more, so a `kvmem summary rebuild` queued
+-- before the beat keeps its `rebuild` flag (the rolling beat merges its count into it).
 -- Everything else is as in 20261123000020_summary.sql.
 
 CREATE OR REPLACE FUNCTION kvmem_summary_on_message() RETURNS trigger
@@ -75,7 +77,8 @@ BEGIN
         VALUES ('rolling', t.user_id, t.character_id, s.id,
                 jsonb_build_object('message_count', st.message_count), NEW.created_at)
         ON CONFLICT (user_id, character_id) WHERE kind = 'rolling' AND state = 'queued'
-        DO UPDATE SET payload = EXCLUDED.payload, session_id = EXCLUDED.session_id;
+        DO UPDATE SET payload = summary_jobs.payload || EXCLUDED.payload,
+                      session_id = EXCLUDED.session_id;
         -- Seed 003: a history of more than 50 entries past the compaction boundary is
         -- compacted (counted on the same beat, not on every message).
         IF (SELECT count(*) FROM messages m

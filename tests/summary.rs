@@ -211,6 +211,41 @@ async fn a_session_closes_after_30_idle_minutes_on_the_clock(pool: PgPool) {
     );
 }
 
+/// `kvmem summary rebuild` queues rolling and spine jobs flagged `rebuild`; the message
+/// beats that come before they run must not turn them back into ordinary jobs.
+#[sqlx::test(migrations = false)]
+async fn a_queued_rebuild_survives_the_next_beats(pool: PgPool) {
+    common::migrate(&pool).await;
+    let c = common::character(&pool, "cy", "Vega").await;
+    for i in 1..=3 {
+        turn(&pool, "cy", c, at(9, i), &format!("message {i}"), "ok").await;
+    }
+    let queued_now: i64 = sqlx::query_scalar(include_str!("../sql/summary/rebuild_queue.sql"))
+        .bind("cy")
+        .bind(c)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(queued_now, 2, "a rolling and a spine rebuild");
+    // The 4th user message is a rolling beat; the 20th a spine beat.
+    for i in 4..=20 {
+        turn(&pool, "cy", c, at(9, i), &format!("message {i}"), "ok").await;
+    }
+    let payload = |kind: &'static str| {
+        sqlx::query_scalar::<_, Value>(
+            "SELECT payload FROM summary_jobs WHERE kind = $1 AND state = 'queued'",
+        )
+        .bind(kind)
+        .fetch_one(&pool)
+    };
+    let rolling = payload("rolling").await.unwrap();
+    assert_eq!(rolling["rebuild"], json!(true), "{rolling}");
+    assert_eq!(rolling["message_count"], json!(20), "{rolling}");
+    assert_eq!(payload("spine").await.unwrap(), json!({"rebuild": true}));
+    assert_eq!(queued(&pool, "rolling").await, 1);
+    assert_eq!(queued(&pool, "spine").await, 1);
+}
+
 #[sqlx::test(migrations = false)]
 async fn rolling_every_4_turns_keeps_history_and_spine_at_20(pool: PgPool) {
     let mut cfg = config();
