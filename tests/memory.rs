@@ -818,15 +818,21 @@ async fn live_turn_messages_feed_the_corpus_and_the_lane(pool: PgPool) {
     ));
 }
 
+/// A migrated database whose memory backlog holds at most `cap` queued ingest jobs a user.
+async fn migrate_with_backlog_cap(pool: &PgPool, cap: i32) {
+    common::migrate(pool).await;
+    sqlx::query("UPDATE kvmem_config SET value = $1::text WHERE key = 'memory_backlog_max'")
+        .bind(cap)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 /// A completion batch inserts many users' messages in one statement; the backlog rule
 /// still holds per user, and one user's overflow drops none of another's jobs.
 #[sqlx::test(migrations = false)]
 async fn one_statement_of_many_messages_keeps_the_backlog_rule_per_user(pool: PgPool) {
-    common::migrate(&pool).await;
-    sqlx::query("UPDATE kvmem_config SET value = '3' WHERE key = 'memory_backlog_max'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    migrate_with_backlog_cap(&pool, 3).await;
     let mut turns = Vec::new();
     for (user, n) in [("dora", 3), ("eli", 1)] {
         let ch = common::character(&pool, user, "Vega").await;
@@ -904,11 +910,7 @@ async fn one_statement_of_many_messages_keeps_the_backlog_rule_per_user(pool: Pg
 
 #[sqlx::test(migrations = false)]
 async fn backlog_overflow_drops_oldest_and_counts(pool: PgPool) {
-    common::migrate(&pool).await;
-    sqlx::query("UPDATE kvmem_config SET value = '3' WHERE key = 'memory_backlog_max'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    migrate_with_backlog_cap(&pool, 3).await;
     let mut ids = Vec::new();
     for i in 0..5 {
         let id: i64 = sqlx::query_scalar(
