@@ -250,7 +250,7 @@ fn bench_extraction_on_labelled_sample() {
     let path = std::env::var("KVMEM_EXTRACT_EVAL").unwrap_or_else(|_| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/ops/memory-eval/extraction.jsonl"
+            "/ops/extract-eval/extraction.jsonl"
         )
         .to_string()
     });
