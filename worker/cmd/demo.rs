@@ -6,60 +6,18 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::{PgPool, Row};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConfigError, Settings};
-use crate::queue::{self, QueueError, TurnId};
+use crate::config::Settings;
+use crate::queue;
 use crate::runner;
 use crate::system::Model;
 use crate::turn::short_sha;
 
-/// Why the demo stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum DemoError {
-    #[error("running {script}: {source}")]
-    Script {
-        script: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{script} failed: {stderr}")]
-    ScriptFailed {
-        script: &'static str,
-        stderr: String,
-    },
-    #[error("ops/pg start printed no URL")]
-    NoUrl,
-    #[error(transparent)]
-    Settings(#[from] ConfigError),
-    #[error(transparent)]
-    System(#[from] crate::system::SystemError),
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    #[error("database: {0}")]
-    Db(#[from] sqlx::Error),
-    #[error(transparent)]
-    Summary(#[from] crate::summary::SummaryError),
-    #[error("memory: {0}")]
-    Memory(String),
-    #[error("printing the report: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("kv directory: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("turn {id} {state}: {error:?}")]
-    Turn {
-        id: TurnId,
-        state: String,
-        error: Option<String>,
-    },
-    #[error("{0}")]
-    Timeout(&'static str),
-}
-
-pub type Result<T, E = DemoError> = std::result::Result<T, E>;
+use super::scene::{demo_character, wait_done};
+pub use super::scene::{DemoError, Result};
 
 /// Runs one of the ops/ scripts the demo leans on and returns its stdout.
 fn script(name: &'static str, cmd: &mut Command) -> Result<String> {
@@ -255,51 +213,6 @@ async fn scene(pool: &PgPool) -> Result<String> {
         eprintln!("T{} user: {msg}\nT{} reply: {}", i + 1, i + 1, reply.trim());
     }
     Ok(sid)
-}
-
-/// The scenes' character (Captain Vega, with a sword), owned by `user`.
-pub(super) async fn demo_character(pool: &PgPool, user: &str) -> Result<i64> {
-    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
-        .fetch_one(pool)
-        .await?;
-    Ok(
-        sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
-            .bind(user)
-            .bind(eq)
-            .fetch_one(pool)
-            .await?,
-    )
-}
-
-pub(super) async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
-    loop {
-        let row = sqlx::query(include_str!("../../sql/cmd/demo_turn_state.sql"))
-            .bind(id.0)
-            .fetch_one(pool)
-            .await?;
-        let state: String = row.try_get("state")?;
-        match state.as_str() {
-            "done" => {
-                return Ok(row
-                    .try_get::<Option<String>, _>("reply")?
-                    .unwrap_or_default())
-            }
-            "failed" | "dead" => {
-                return Err(DemoError::Turn {
-                    id,
-                    error: row.try_get("error")?,
-                    state,
-                })
-            }
-            _ if std::time::Instant::now() > deadline => {
-                return Err(DemoError::Timeout(
-                    "a demo turn did not finish in 10 minutes",
-                ))
-            }
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
 }
 
 /// The readable table: one row per turn.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
 
-use super::demo::{wait_done, DemoError, Result};
+use super::scene::{wait_done, DemoError, Result};
 use crate::queue;
 
 /// The first session: four user turns, so seed 001's rolling summary is due.
@@ -49,7 +49,7 @@ async fn set_idle(pool: &PgPool, seconds: &str) -> Result<()> {
 }
 
 async fn play(pool: &PgPool) -> Result<String> {
-    let ch = super::demo::demo_character(pool, USER).await?;
+    let ch = super::scene::demo_character(pool, USER).await?;
     let sid = format!("demo_mem_{}", chrono::Utc::now().format("%Y%m%d%H%M%S"));
     let mut turns = String::new();
     let first_ms = say(pool, &sid, ch, FIRST[0], &mut turns).await?;

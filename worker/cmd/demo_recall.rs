@@ -10,7 +10,7 @@ use std::sync::Arc;
 use chrono::{Duration, Utc};
 use sqlx::{PgPool, Row};
 
-use super::demo::{wait_done, Result};
+use super::scene::{wait_done, Result};
 use crate::config::Settings;
 use crate::engine::Engine;
 use crate::queue;
@@ -32,7 +32,7 @@ const SECOND: [(&str, &str); 3] = [
 /// Plays the scene and returns the report to print. The worker runs the turns; the scene
 /// runs the memory and summary lanes itself, so the close can happen on a simulated clock.
 pub async fn scene(pool: &PgPool, settings: &Settings, engine: Arc<Engine>) -> Result<String> {
-    let ch = super::demo::demo_character(pool, USER).await?;
+    let ch = super::scene::demo_character(pool, USER).await?;
     let stamp = Utc::now().format("%Y%m%d%H%M%S");
     let (s1, s2) = (
         format!("demo_recall_{stamp}_1"),
@@ -73,10 +73,10 @@ async fn lanes(
 ) -> Result<()> {
     let memory = crate::memory::worker_service(pool.clone(), settings)
         .await
-        .map_err(|e| super::demo::DemoError::Memory(e.to_string()))?;
+        .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
     let embedded = crate::memory::jobs::drain(&memory)
         .await
-        .map_err(|e| super::demo::DemoError::Memory(e.to_string()))?;
+        .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
     let never_busy: crate::summary::llm::Busy = Arc::new(|| false);
     let summary =
         crate::summary::worker_service(pool.clone(), settings, Some(engine), never_busy).await;

@@ -5,4 +5,5 @@ pub mod demo;
 mod demo_memory;
 mod demo_recall;
 pub mod replay;
+mod scene;
 pub mod status;

@@ -8,8 +8,8 @@
 use serde_json::json;
 use sqlx::Row;
 
+use super::blob::{rebuild_blob, third_person};
 use super::filters::{check_fact, Verdict};
-use super::jobs::{rebuild_blob, third_person};
 use super::search::content_words;
 use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
 use super::{MemoryError, MemoryService, Result};
