@@ -98,6 +98,7 @@ fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
         as_of: None,
         ranker,
         strict: false,
+        skip_speaker: None,
     }
 }
 
@@ -312,8 +313,8 @@ fn rankers_match_hand_computed_scores() {
     let sb = rank::seed002(&b, now);
     assert!((sb.score - 0.3125).abs() < 1e-9);
     assert!(!sb.passes_gate);
-    // hybrid: 1/(60+0+1) + 1/(60+2+1) = 0.0163934426 + 0.0158730159 = 0.0322664585
-    assert!((rank::hybrid(&a).score - 0.0322664585).abs() < 1e-9);
+    // hybrid: 0.5 * 1/(10+0+1) + 1/(10+2+1) = 0.0454545455 + 0.0769230769 = 0.1223776224
+    assert!((rank::hybrid(&a).score - 0.1223776224).abs() < 1e-9);
     // Entity frequency: refs {a}, {a,b}, {c}: counts a=2, b=1, c=1 -> 2/2, 2/2, 1/2.
     let f = rank::entity_frequency(&[
         vec!["a".into()],
@@ -1101,5 +1102,80 @@ async fn an_orphaned_running_job_is_run_again(pool: PgPool) {
     assert!(matches!(
         jobs::process_next_memory_job(&svc).await.unwrap(),
         Outcome::Empty
+    ));
+}
+
+/// BM25's statistics, the speakers a question can name and the neighbours of a hit are
+/// one user's own: another user's dialogue, however much of it shares the query's words,
+/// changes neither which of this user's messages come back nor their scores.
+#[sqlx::test(migrations = false)]
+async fn another_users_dialogue_never_moves_a_search(pool: PgPool) {
+    let svc = service(&pool).await;
+    import_fixture(&svc).await;
+    let query = "Where did Alice's sister Ana move for the bakery job?";
+    let run = || async {
+        let mut out = Vec::new();
+        for ranker in [RankerKind::Hybrid, RankerKind::Lexical] {
+            let res = search::search(&svc, &req("alice", query, ranker))
+                .await
+                .unwrap();
+            out.push(
+                res.hits
+                    .iter()
+                    .map(|h| (h.id.clone(), h.score.to_bits()))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        out
+    };
+    let before = run().await;
+    assert!(before.iter().all(|hits| !hits.is_empty()), "{before:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("carol.jsonl");
+    let lines: Vec<String> = (0..120)
+        .map(|i| {
+            serde_json::json!({"user_id": "carol", "session_id": format!("c{}", i / 10),
+                "message_id": format!("c-{i}"), "speaker": if i % 2 == 0 { "Alice" } else { "Ana" },
+                "text": format!("Ana moved to Porto for the bakery job, my sister says, day {i}"),
+                "at": format!("2024-07-{:02}T10:00:00Z", 1 + i % 28)})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    import::import_file(&svc, &file, ExtractMode::None, true, false)
+        .await
+        .unwrap();
+    assert_eq!(run().await, before, "carol's dialogue moved alice's search");
+    let carol = search::search(&svc, &req("carol", query, RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert!(
+        carol.hits.iter().all(|h| h.id.starts_with("c-")),
+        "{carol:?}"
+    );
+}
+
+/// Every memory service of a process shares one loaded embedder: the CLI, the pipeline
+/// and the lanes each build a service, and the model is loaded once.
+#[sqlx::test(migrations = false)]
+async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
+    common::migrate(&pool).await;
+    // A path of this test's own, so no other test of the binary loads it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("minilm.gguf");
+    std::os::unix::fs::symlink(minilm(), &path).unwrap();
+    let a = MemoryService::new(pool.clone(), config(Some(path.clone()))).await;
+    let b = MemoryService::new(pool.clone(), config(Some(path.clone()))).await;
+    import_fixture(&a).await;
+    for svc in [&a, &b] {
+        let res = search::search(svc, &req("alice", "new family dog", RankerKind::Hybrid))
+            .await
+            .unwrap();
+        assert!(res.semantic);
+    }
+    assert_eq!(kvmem::memory::embed::loads(&path), 1);
+    assert!(Arc::ptr_eq(
+        a.embedder.as_ref().unwrap(),
+        b.embedder.as_ref().unwrap()
     ));
 }

@@ -404,3 +404,49 @@ async fn in_chat_forget_never_reaches_another_users_memories(pool: PgPool) {
         .unwrap();
     assert_eq!(status, "ACTIVE");
 }
+
+/// Recall in the turn brings back what the user said, never the character's own replies,
+/// even when a reply matches the message better than the user's words do.
+#[sqlx::test(migrations = false)]
+async fn recall_holds_the_users_words_and_none_of_the_characters(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, engine, deps) = rig(&pool, dir.path());
+    let told = "My sister Maya moved to Lisbon last spring.";
+    one_turn(&deps, "first", "u1", ch, told).await;
+    // An earlier reply of the character's that repeats the question's words closely.
+    let echo = "Where did your sister Maya move? Your sister Maya moved, you said.";
+    sqlx::query(
+        "INSERT INTO memory_messages (user_id, character_id, session_id, message_id, speaker, text, at, source)
+         VALUES ('u1', $1, 'zero', 'turn:0:assistant', 'assistant', $2, now(), 'turn')",
+    )
+    .bind(ch)
+    .bind(echo)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    one_turn(&deps, "second", "u1", ch, "Where did my sister Maya move?").await;
+    let kv = kv_segments(&pool, &engine, "second").await;
+    let recall = kv
+        .iter()
+        .find(|(s, _)| s.kind == SegKind::Recall)
+        .expect("a recall segment");
+    assert!(recall.1.contains(told), "{}", recall.1);
+    assert!(!recall.1.contains(echo), "{}", recall.1);
+    assert!(!recall.1.contains("you said"), "{}", recall.1);
+    let replies: Vec<String> = sqlx::query_scalar(
+        "SELECT text FROM memory_messages WHERE user_id = 'u1' AND speaker = 'assistant'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        replies.len() >= 2,
+        "the first session's reply is in the corpus"
+    );
+    for r in replies.iter().filter(|r| r.trim().chars().count() > 8) {
+        assert!(!recall.1.contains(r.trim()), "a reply was recalled: {r}");
+    }
+}

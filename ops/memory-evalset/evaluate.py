@@ -173,7 +173,7 @@ def run_half(args, half, model):
     rows, info = {}, {"half": half, "messages": len(chats), "questions": len(questions)}
     systems = args.systems.split(",")
     if "kvmem" in systems:
-        db = f"kvmem_memory_eval_{half}"
+        db = f"kvmem_memory_eval_{half}_{os.getpid()}"
         base = args.database_url.rsplit("/", 1)[0]
         psql(args.database_url, f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
         url = f"{base}/{db}"

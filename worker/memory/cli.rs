@@ -260,6 +260,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
                 as_of: parse_time(&as_of)?,
                 ranker,
                 strict,
+                skip_speaker: None,
             };
             let res = search::search(&svc, &req).await?;
             print_hits(&res, json)?;
@@ -528,17 +529,26 @@ struct EvalQuestion {
     as_of: Option<DateTime<Utc>>,
 }
 
-/// Share of a question's evidence ids found in the top `k` hits' source ids.
+/// Share of a question's evidence ids among the first `k` distinct source message ids of
+/// the hits (the measure ops/memory-eval and outside judges use).
 fn recall(hits: &[search::Hit], evidence: &[String], k: usize) -> f64 {
     if evidence.is_empty() {
         return 1.0;
     }
-    let got: std::collections::HashSet<&str> = hits
+    let mut got: Vec<&str> = Vec::new();
+    for id in hits.iter().flat_map(|h| h.source_message_ids.iter()) {
+        if got.len() == k {
+            break;
+        }
+        if !got.contains(&id.as_str()) {
+            got.push(id);
+        }
+    }
+    evidence
         .iter()
-        .take(k)
-        .flat_map(|h| h.source_message_ids.iter().map(String::as_str))
-        .collect();
-    evidence.iter().filter(|e| got.contains(e.as_str())).count() as f64 / evidence.len() as f64
+        .filter(|e| got.contains(&e.as_str()))
+        .count() as f64
+        / evidence.len() as f64
 }
 
 async fn eval(
@@ -583,10 +593,11 @@ async fn eval(
             let req = SearchRequest {
                 scope: Scope::user(&q.user_id),
                 query: q.question.clone(),
-                limit: 10,
+                limit: 20,
                 as_of: if use_as_of { q.as_of } else { None },
                 ranker,
                 strict: false,
+                skip_speaker: None,
             };
             let t = std::time::Instant::now();
             let res = search::search(svc, &req).await?;

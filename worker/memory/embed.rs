@@ -1,9 +1,10 @@
 //! Sentence embeddings on llama.cpp (all-MiniLM-L6-v2 as a BERT GGUF, mean pooling), so
 //! semantic retrieval runs locally next to the chat model without another service.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
 use llama_cpp_2::context::LlamaContext;
@@ -42,8 +43,46 @@ pub struct Embedder {
     pub name: String,
 }
 
+/// The models this process has loaded, by file: llama.cpp models are leaked (they live as
+/// long as the process), so every service that wants one shares the first load.
+fn loaded() -> &'static Mutex<HashMap<PathBuf, Arc<Embedder>>> {
+    static LOADED: OnceLock<Mutex<HashMap<PathBuf, Arc<Embedder>>>> = OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
+
+/// How many times this process has loaded the model at `path` (at most once, unless a
+/// caller used [`Embedder::load`] directly).
+pub fn loads(path: &Path) -> usize {
+    load_counts()
+        .lock()
+        .map(|c| c.get(path).copied().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+fn load_counts() -> &'static Mutex<HashMap<PathBuf, usize>> {
+    static COUNTS: OnceLock<Mutex<HashMap<PathBuf, usize>>> = OnceLock::new();
+    COUNTS.get_or_init(Default::default)
+}
+
 impl Embedder {
+    /// The process's one copy of the model at `path`, loaded on first use. The lock is
+    /// held through the load so two services starting together load it once.
+    pub fn shared(path: &Path, n_threads: i32) -> Result<Arc<Embedder>> {
+        let mut map = loaded()
+            .lock()
+            .map_err(|_| EmbedError::Llama("embedder registry poisoned by a panic".into()))?;
+        if let Some(e) = map.get(path) {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(Embedder::load(path, n_threads)?);
+        map.insert(path.to_path_buf(), e.clone());
+        Ok(e)
+    }
+
     pub fn load(path: &Path, n_threads: i32) -> Result<Embedder> {
+        if let Ok(mut c) = load_counts().lock() {
+            *c.entry(path.to_path_buf()).or_default() += 1;
+        }
         let err = |problem: String| EmbedError::Model {
             path: path.to_path_buf(),
             problem,

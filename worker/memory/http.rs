@@ -90,6 +90,7 @@ pub async fn search(_pool: PgPool, svc: &MemoryService, p: SearchParams) -> Resu
         as_of: p.as_of,
         ranker,
         strict: p.strict,
+        skip_speaker: None,
     };
     Ok(search::search(svc, &req).await?)
 }

@@ -10,6 +10,7 @@
 //! lines), [`about`] (remember this about X), [`render`] (journal and MEMORY.md), [`cli`] and [`http`].
 
 pub mod about;
+pub mod blob;
 pub mod cards;
 pub mod cli;
 pub mod embed;
@@ -198,7 +199,8 @@ pub struct MemoryService {
 }
 
 impl MemoryService {
-    /// Loads the embedder if it can. A missing or broken model file is not an error (seed
+    /// Takes the process's embedder (loaded on first use, then shared by every service) if
+    /// it can. A missing or broken model file is not an error (seed
     /// 004's graceful degradation): a loud warning on stderr, an event row, and retrieval
     /// falls back to lexical scoring.
     pub async fn new(pool: PgPool, config: MemoryConfig) -> MemoryService {
@@ -207,8 +209,8 @@ impl MemoryService {
                 degrade(&pool, "no memory_embed_model_path configured").await;
                 None
             }
-            Some(path) => match Embedder::load(path, config.n_threads) {
-                Ok(e) => Some(Arc::new(e)),
+            Some(path) => match Embedder::shared(path, config.n_threads) {
+                Ok(e) => Some(e),
                 Err(e) => {
                     degrade(&pool, &e.to_string()).await;
                     None

@@ -11,7 +11,7 @@ use super::RankerKind;
 /// among all candidates, 0 = best; `None` = not in that list.
 #[derive(Debug, Clone, Default)]
 pub struct Signals {
-    /// Postgres full-text rank (ts_rank_cd); list order for RRF.
+    /// Rank in the BM25 list; list order for RRF.
     pub lexical_rank: Option<usize>,
     /// Seed 002's lexical score: share of the query's content words the text contains, 0..1.
     pub lexical: f64,
@@ -28,8 +28,6 @@ pub struct Signals {
     pub in_window: Option<bool>,
     /// Rank inside the time window list.
     pub window_rank: Option<usize>,
-    /// Rank in the entity-expansion list (second pass with names from the first hits).
-    pub expansion_rank: Option<usize>,
 }
 
 /// A score with its parts, for the JSON `components`.
@@ -100,36 +98,32 @@ pub fn seed002(s: &Signals, now: DateTime<Utc>) -> Scored {
     }
 }
 
-/// Reciprocal-rank fusion constant (the usual 60).
-pub const RRF_K: f64 = 60.0;
-/// Lexical weight reaches 1 at half the query's content words matched.
-pub const LEXICAL_MATCH_GAIN: f64 = 2.0;
+/// Reciprocal-rank fusion constant. The usual 60 flattens the lists' heads; 10 keeps a
+/// first place worth clearly more than a tenth (ops/memory-eval's tune half: R@10 +0.04).
+pub const RRF_K: f64 = 10.0;
+/// The BM25 list's weight beside the vector list's 1: on chat, a shared word is weaker
+/// evidence than a close meaning (tune half, weights 0.2-1.0 tried).
+pub const LEXICAL_WEIGHT: f64 = 0.5;
 pub const TIME_WEIGHT: f64 = 2.0;
 
 fn rrf(rank: Option<usize>) -> f64 {
     rank.map(|r| 1.0 / (RRF_K + r as f64 + 1.0)).unwrap_or(0.0)
 }
 
-/// kvmem's default: reciprocal-rank fusion of the lexical list, the vector list, the
-/// time-window list (when the query names a time) and the entity-expansion list (half
-/// weight), so a candidate found by several retrievers rises and none needs calibrated
-/// scores.
+/// kvmem's default: reciprocal-rank fusion of the BM25 list, the vector list and the
+/// time-window list (when the query names a time), so a candidate found by several
+/// retrievers rises and none needs calibrated scores. The search then lifts a named
+/// speaker's words, a topic's session and the neighbours of the best turns.
 pub fn hybrid(s: &Signals) -> Scored {
-    // An OR query ranks a message matching one common word of a long question; weighting
-    // the lexical list by the share of query words matched keeps such noise from
-    // outvoting the vector list (measured on ops/memory-eval).
-    let lex = rrf(s.lexical_rank) * (LEXICAL_MATCH_GAIN * s.lexical).min(1.0);
+    // BM25 weighs a common word by its rarity already: the list counts as it ranks.
+    let lex = LEXICAL_WEIGHT * rrf(s.lexical_rank);
     let vec = rrf(s.vector_rank);
     // A time the question names is a hard clue: the window list counts double.
     let time = TIME_WEIGHT * rrf(s.window_rank);
-    let exp = 0.5 * rrf(s.expansion_rank);
-    let score = lex + vec + time + exp;
+    let score = lex + vec + time;
     let mut components = BTreeMap::from([("rrf_lexical".into(), lex), ("rrf_vector".into(), vec)]);
     if s.in_window.is_some() {
         components.insert("rrf_time".into(), time);
-    }
-    if s.expansion_rank.is_some() {
-        components.insert("rrf_expansion".into(), exp);
     }
     if let Some(sem) = s.semantic {
         components.insert("semantic".into(), sem);

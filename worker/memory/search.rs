@@ -1,7 +1,8 @@
-//! Retrieval over both the facts and the dialogue: lexical (Postgres full text), semantic
-//! (MiniLM cosine, brute force over one user's vectors), time windows from the query and
-//! a second entity-expansion pass, scored by a named ranker, so a question can be answered
-//! from an extracted fact or from the exact turn that holds it, with provenance.
+//! Retrieval over both the facts and the dialogue: lexical (BM25 over the user's own term
+//! statistics), semantic (MiniLM cosine over one user's vectors) and time windows from the
+//! query, fused by a named ranker, then lifted by who speaks, which session a topic lives
+//! in and the turns around the best hits, so a question can be answered from an extracted
+//! fact or from the exact turn that holds it, with provenance.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -15,8 +16,8 @@ use super::timeq::{self, TimeWindow};
 use super::{embed, MemoryError, MemoryService, RankerKind, Result};
 
 /// Candidates taken from each retriever before ranking.
-const LEXICAL_CANDIDATES: i64 = 200;
-const VECTOR_CANDIDATES: usize = 200;
+const LEXICAL_CANDIDATES: i64 = 30;
+const VECTOR_CANDIDATES: usize = 100;
 const WINDOW_CANDIDATES: usize = 100;
 /// Seed 002: at most this many missing vectors are filled per query.
 pub const BACKFILL_PER_QUERY: usize = 8;
@@ -33,6 +34,8 @@ pub struct SearchRequest {
     pub ranker: RankerKind,
     /// Seed 002's strict mode: drop candidates that fail the relevance gate.
     pub strict: bool,
+    /// Dialogue by this speaker is left out (a character's recall skips its own replies).
+    pub skip_speaker: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -285,22 +288,7 @@ pub fn overlap(query_words: &[String], query: &str, text: &str) -> f64 {
     hit as f64 / query_words.len() as f64
 }
 
-/// Builds an OR tsquery from content words (only [a-z0-9] reach to_tsquery, so no syntax
-/// can be injected).
-fn or_query(words: &[String]) -> Option<String> {
-    let safe: Vec<String> = words
-        .iter()
-        .map(|w| {
-            w.chars()
-                .filter(|c| c.is_ascii_alphanumeric())
-                .collect::<String>()
-        })
-        .filter(|w| !w.is_empty())
-        .collect();
-    (!safe.is_empty()).then(|| safe.join(" | "))
-}
-
-/// Names in a text (capitalised words not opening a sentence), for entity expansion and
+/// Names in a text (capitalised words not opening a sentence), for
 /// seed 001's entity frequency on messages.
 pub fn names(text: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -353,27 +341,35 @@ async fn reference_time(
     Ok(latest.unwrap_or_else(Utc::now))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn lexical_ids(
+/// BM25's term-frequency saturation and length normalisation (the usual values).
+const BM25_K1: f64 = 1.2;
+const BM25_B: f64 = 0.75;
+/// What a word of the reply-to context counts beside a word of the message itself.
+const BM25_CONTEXT_WEIGHT: f64 = 0.3;
+
+/// The user's messages ranked by BM25 for `query` (Postgres' English lexemes, the user's
+/// own document frequencies), best first.
+async fn bm25_ids(
     pool: &PgPool,
     scope: &Scope,
     as_of: Option<DateTime<Utc>>,
-    tsq: &str,
-    window: Option<&TimeWindow>,
+    query: &str,
     limit: i64,
 ) -> Result<Vec<(i64, f64)>> {
-    let rows = sqlx::query(include_str!("../../sql/memory/search_messages_lexical.sql"))
-        .bind(&scope.user_id)
-        .bind(scope.character_id)
-        .bind(&scope.guild_id)
-        .bind(as_of)
-        .bind(tsq)
-        .bind(window.map(|w| w.start))
-        .bind(window.map(|w| w.end))
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows.iter().map(|r| (r.get("id"), r.get("rank"))).collect())
+    let rows: Vec<(i64, f64)> =
+        sqlx::query_as(include_str!("../../sql/memory/search_messages_bm25.sql"))
+            .bind(&scope.user_id)
+            .bind(scope.character_id)
+            .bind(&scope.guild_id)
+            .bind(as_of)
+            .bind(query)
+            .bind(BM25_K1)
+            .bind(BM25_B)
+            .bind(BM25_CONTEXT_WEIGHT)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows)
 }
 
 /// Runs a search. Embedder trouble never fails it: the query then scores lexically.
@@ -446,12 +442,7 @@ async fn message_hits(
 ) -> Result<Vec<Hit>> {
     let pool = &svc.pool;
     let scope = &req.scope;
-    let tsq = or_query(qwords);
-    // Lexical list.
-    let lexical = match &tsq {
-        Some(q) => lexical_ids(pool, scope, req.as_of, q, None, LEXICAL_CANDIDATES).await?,
-        None => Vec::new(),
-    };
+    let lexical = bm25_ids(pool, scope, req.as_of, &req.query, LEXICAL_CANDIDATES).await?;
     // Vector list: brute force over the user's vectors.
     let mut cos: HashMap<i64, f64> = HashMap::new();
     let mut at_of: HashMap<i64, DateTime<Utc>> = HashMap::new();
@@ -558,7 +549,6 @@ async fn message_hits(
                 entity_freq: 0.0,
                 in_window: window.map(|w| w.contains(row.at)),
                 window_rank: win_rank.get(&row.id).copied(),
-                expansion_rank: None,
             };
             (row, MsgCand { signals: s })
         })
@@ -568,13 +558,10 @@ async fn message_hits(
     for ((_, c), f) in cands.iter_mut().zip(rank::entity_frequency(&ents)) {
         c.signals.entity_freq = f;
     }
-    if req.ranker == RankerKind::Hybrid {
-        expand(svc, req, qwords, &mut cands, now).await?;
-    }
-    let mut hits: Vec<Hit> = Vec::new();
+    let mut scored: Vec<(MsgRow, rank::Scored)> = Vec::new();
     for (row, c) in cands {
-        let scored = rank::score(req.ranker, &c.signals, now);
-        if req.strict && !scored.passes_gate {
+        let sc = rank::score(req.ranker, &c.signals, now);
+        if req.strict && !sc.passes_gate {
             continue;
         }
         if req.ranker == RankerKind::Lexical && c.signals.lexical_rank.is_none() {
@@ -583,89 +570,136 @@ async fn message_hits(
         if req.ranker == RankerKind::Vector && c.signals.vector_rank.is_none() {
             continue;
         }
-        hits.push(Hit {
+        scored.push((row, sc));
+    }
+    if req.ranker == RankerKind::Hybrid {
+        prefer_named_speakers(pool, &scope.user_id, &req.query, &mut scored).await?;
+        with_neighbours(pool, req, &mut scored).await?;
+    }
+    Ok(scored
+        .into_iter()
+        .filter(|(row, _)| req.skip_speaker.as_deref() != Some(row.speaker.as_str()))
+        .map(|(row, sc)| Hit {
             kind: HitKind::Message,
             id: row.message_id.clone(),
             text: row.text,
-            score: scored.score,
-            components: scored.components,
+            score: sc.score,
+            components: sc.components,
             source_message_ids: vec![row.message_id],
             session_id: Some(row.session_id),
             speaker: Some(row.speaker),
             at: Some(row.at),
             entity_refs: Vec::new(),
-        });
-    }
-    Ok(hits)
+        })
+        .collect())
 }
 
-/// Multi-hop help: names that the best first-pass hits mention and the query does not
-/// ("where does Tom's sister live" finds "my sister Ana", then "Ana moved to Porto"),
-/// searched again lexically as a half-weight list.
-async fn expand(
-    svc: &MemoryService,
-    req: &SearchRequest,
-    qwords: &[String],
-    cands: &mut Vec<(MsgRow, MsgCand)>,
-    now: DateTime<Utc>,
+/// How much a question that names a speaker prefers that speaker's own words: "what did
+/// Ana say about Porto" is answered by what Ana said before what was said to her.
+const SPEAKER_BOOST: f64 = 0.4;
+/// A message takes this share of its best neighbour's score: the turn that answers ("yes,
+/// twice!") often shares no word with the question its neighbour asked.
+const NEIGHBOUR_SHARE: f64 = 0.5;
+/// Candidates whose neighbours are looked up.
+const NEIGHBOUR_SOURCES: usize = 40;
+
+/// Speakers of the user's dialogue that the query names (whole word, any case).
+async fn named_speakers(pool: &PgPool, user: &str, query: &str) -> Result<Vec<String>> {
+    let speakers: Vec<String> = sqlx::query_scalar(include_str!("../../sql/memory/speakers.sql"))
+        .bind(user)
+        .fetch_all(pool)
+        .await?;
+    let words: HashSet<String> = query
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    Ok(speakers
+        .into_iter()
+        .filter(|s| {
+            let first = s.split_whitespace().next().unwrap_or("").to_lowercase();
+            first.chars().count() >= 2 && words.contains(&first)
+        })
+        .collect())
+}
+
+async fn prefer_named_speakers(
+    pool: &PgPool,
+    user: &str,
+    query: &str,
+    scored: &mut [(MsgRow, rank::Scored)],
 ) -> Result<()> {
-    let mut order: Vec<usize> = (0..cands.len()).collect();
-    order.sort_by(|&a, &b| {
-        rank::hybrid(&cands[b].1.signals)
-            .score
-            .total_cmp(&rank::hybrid(&cands[a].1.signals).score)
-    });
-    let mut counts: Vec<(String, usize)> = Vec::new();
-    for &i in order.iter().take(5) {
-        for n in names(&cands[i].0.text) {
-            if qwords.contains(&n) {
-                continue;
-            }
-            match counts.iter_mut().find(|(k, _)| *k == n) {
-                Some((_, c)) => *c += 1,
-                None => counts.push((n, 1)),
-            }
-        }
-    }
-    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
-    let extra: Vec<String> = counts.into_iter().take(3).map(|x| x.0).collect();
-    if extra.is_empty() {
+    let named = named_speakers(pool, user, query).await?;
+    // Naming both speakers of a two-person dialogue prefers neither.
+    if named.is_empty() || named.len() > 1 {
         return Ok(());
     }
-    let mut words = qwords.to_vec();
-    words.extend(extra);
-    let Some(tsq) = or_query(&words) else {
-        return Ok(());
-    };
-    let found = lexical_ids(&svc.pool, &req.scope, req.as_of, &tsq, None, 50).await?;
-    let exp_rank: HashMap<i64, usize> = found
-        .iter()
-        .enumerate()
-        .map(|(i, (id, _))| (*id, i))
-        .collect();
-    let known: HashSet<i64> = cands.iter().map(|(r, _)| r.id).collect();
-    let new_ids: Vec<i64> = found
-        .iter()
-        .map(|x| x.0)
-        .filter(|id| !known.contains(id))
-        .collect();
-    if !new_ids.is_empty() {
-        for row in fetch_messages(&svc.pool, &req.scope.user_id, &new_ids).await? {
-            let text = format!("{} {}", row.speaker, row.text);
-            let s = Signals {
-                lexical: overlap(qwords, &req.query, &text),
-                confidence: 1.0,
-                at: Some(row.at),
-                in_window: None,
-                ..Signals::default()
-            };
-            cands.push((row, MsgCand { signals: s }));
+    for (row, sc) in scored.iter_mut() {
+        if named.contains(&row.speaker) {
+            sc.score *= 1.0 + SPEAKER_BOOST;
+            sc.components.insert("speaker".into(), SPEAKER_BOOST);
         }
     }
-    for (row, c) in cands.iter_mut() {
-        c.signals.expansion_rank = exp_rank.get(&row.id).copied();
+    Ok(())
+}
+
+/// Scores each message with a share of its best same-session neighbour's score, and
+/// brings in neighbours of the best candidates that no retriever found.
+async fn with_neighbours(
+    pool: &PgPool,
+    req: &SearchRequest,
+    scored: &mut Vec<(MsgRow, rank::Scored)>,
+) -> Result<()> {
+    scored.sort_by(|a, b| b.1.score.total_cmp(&a.1.score).then(a.0.id.cmp(&b.0.id)));
+    let sources: Vec<i64> = scored
+        .iter()
+        .take(NEIGHBOUR_SOURCES)
+        .map(|x| x.0.id)
+        .collect();
+    if sources.is_empty() {
+        return Ok(());
     }
-    let _ = now;
+    let pairs: Vec<(i64, Option<i64>, Option<i64>)> =
+        sqlx::query_as(include_str!("../../sql/memory/message_neighbours.sql"))
+            .bind(&req.scope.user_id)
+            .bind(&sources)
+            .bind(req.as_of)
+            .fetch_all(pool)
+            .await?;
+    let base: HashMap<i64, f64> = scored.iter().map(|(r, s)| (r.id, s.score)).collect();
+    // Best neighbour score each message can take, over both directions.
+    let mut lift: HashMap<i64, f64> = HashMap::new();
+    for (id, prev, next) in &pairs {
+        let own = base.get(id).copied().unwrap_or(0.0);
+        for n in [prev, next].into_iter().flatten() {
+            let e = lift.entry(*n).or_default();
+            *e = e.max(own);
+        }
+    }
+    let missing: Vec<i64> = lift
+        .keys()
+        .filter(|id| !base.contains_key(id))
+        .copied()
+        .collect();
+    if !missing.is_empty() {
+        for row in fetch_messages(pool, &req.scope.user_id, &missing).await? {
+            scored.push((
+                row,
+                rank::Scored {
+                    score: 0.0,
+                    components: BTreeMap::new(),
+                    passes_gate: true,
+                },
+            ));
+        }
+    }
+    for (row, sc) in scored.iter_mut() {
+        if let Some(l) = lift.get(&row.id) {
+            let add = NEIGHBOUR_SHARE * l;
+            sc.score += add;
+            sc.components.insert("neighbour".into(), add);
+        }
+    }
     Ok(())
 }
 
@@ -822,7 +856,6 @@ async fn memory_hits(
             entity_freq: freq[i],
             in_window: None,
             window_rank: None,
-            expansion_rank: None,
         };
         let scored = rank::score(req.ranker, &s, now);
         if req.strict && !scored.passes_gate {
@@ -917,6 +950,5 @@ mod tests {
             names("I met Ana in Porto. She likes Tea"),
             vec!["ana", "porto", "tea"]
         );
-        assert_eq!(or_query(&["a'b".into(), "c".into()]).unwrap(), "ab | c");
     }
 }

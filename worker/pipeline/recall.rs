@@ -16,6 +16,8 @@ use crate::memory::{cards, MemoryService};
 use crate::summary::cache::content_hash;
 use crate::turn::{self, ClaimedTurn};
 
+/// The speaker of a character's own replies in the dialogue corpus.
+const ASSISTANT: &str = "assistant";
 /// Candidates asked of the search; the token budget decides how many are injected.
 const RECALL_CANDIDATES: usize = 6;
 /// A dialogue hit longer than this is clipped: one long message must not take the budget.
@@ -80,6 +82,8 @@ async fn candidates(
         as_of: None,
         ranker: svc.config.ranker,
         strict: true,
+        // What the user told the character, never the character's own earlier replies.
+        skip_speaker: Some(ASSISTANT.to_string()),
     };
     let found = search::search(svc, &req).await?;
     let mut items = Vec::new();
