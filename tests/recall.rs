@@ -353,6 +353,16 @@ async fn recall_gives_way_when_the_context_is_short(pool: PgPool) {
     assert_eq!(recall_log(&pool, t).await.memories_injected, 0);
 }
 
+/// The text of the recall segment in a session's committed KV.
+async fn recall_text(pool: &PgPool, engine: &kvmem::engine::Engine, session: &str) -> String {
+    kv_segments(pool, engine, session)
+        .await
+        .into_iter()
+        .find(|(s, _)| s.kind == SegKind::Recall)
+        .expect("a recall segment")
+        .1
+}
+
 #[sqlx::test(migrations = false)]
 async fn dialogue_of_an_earlier_session_is_recalled_in_a_new_one(pool: PgPool) {
     migrate(&pool).await;
@@ -369,12 +379,8 @@ async fn dialogue_of_an_earlier_session_is_recalled_in_a_new_one(pool: PgPool) {
     assert!(log.cold, "a new session starts cold");
     let r = recall_log(&pool, t).await;
     assert!(r.memory_keys.iter().any(|k| k.starts_with('x')), "{r:?}");
-    let kv = kv_segments(&pool, &engine, "second").await;
-    let recall = kv
-        .iter()
-        .find(|(s, _)| s.kind == SegKind::Recall)
-        .expect("a recall segment");
-    assert!(recall.1.contains(told), "{}", recall.1);
+    let recall = recall_text(&pool, &engine, "second").await;
+    assert!(recall.contains(told), "{recall}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -428,14 +434,10 @@ async fn recall_holds_the_users_words_and_none_of_the_characters(pool: PgPool) {
     .unwrap();
 
     one_turn(&deps, "second", "u1", ch, "Where did my sister Maya move?").await;
-    let kv = kv_segments(&pool, &engine, "second").await;
-    let recall = kv
-        .iter()
-        .find(|(s, _)| s.kind == SegKind::Recall)
-        .expect("a recall segment");
-    assert!(recall.1.contains(told), "{}", recall.1);
-    assert!(!recall.1.contains(echo), "{}", recall.1);
-    assert!(!recall.1.contains("you said"), "{}", recall.1);
+    let recall = recall_text(&pool, &engine, "second").await;
+    assert!(recall.contains(told), "{recall}");
+    assert!(!recall.contains(echo), "{recall}");
+    assert!(!recall.contains("you said"), "{recall}");
     let replies: Vec<String> = sqlx::query_scalar(
         "SELECT text FROM memory_messages WHERE user_id = 'u1' AND speaker = 'assistant'",
     )
@@ -447,6 +449,6 @@ async fn recall_holds_the_users_words_and_none_of_the_characters(pool: PgPool) {
         "the first session's reply is in the corpus"
     );
     for r in replies.iter().filter(|r| r.trim().chars().count() > 8) {
-        assert!(!recall.1.contains(r.trim()), "a reply was recalled: {r}");
+        assert!(!recall.contains(r.trim()), "a reply was recalled: {r}");
     }
 }
