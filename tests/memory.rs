@@ -44,6 +44,7 @@ fn config(path: Option<PathBuf>) -> MemoryConfig {
         ranker: RankerKind::Hybrid,
         keep_user: 80,
         keep_lore: 120,
+        exact_search_max: 20_000,
         n_threads: 2,
     }
 }
@@ -1071,6 +1072,86 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
     let _ = HitKind::Memory;
 }
 
+/// `import --extract llm` then `memory work`: a process without an extraction model leaves
+/// the jobs queued and says so; one with the model runs the extractor on every message.
+#[sqlx::test(migrations = false)]
+async fn memory_work_never_marks_an_extraction_done_without_running_it(pool: PgPool) {
+    common::migrate(&pool).await;
+    let url = common::db_url(&pool).await;
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/memory_chats.jsonl"
+    );
+    let out = common::kvmem_command(&url)
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .args([
+            "memory",
+            "import",
+            "--file",
+            fixture,
+            "--extract",
+            "llm",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    common::assert_success(&out);
+    let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rep["queued_for_extraction"], 5);
+    let jobs = |state: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM memory_jobs WHERE state = $1")
+                .bind(state)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let out = common::kvmem_command(&url)
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EXTRACT", "false")
+        .args(["memory", "work"])
+        .output()
+        .unwrap();
+    common::assert_success(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ran 0 memory job(s)"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("5 job(s) ask for fact extraction"), "{err}");
+    assert_eq!(jobs("queued").await, 5);
+    assert_eq!(jobs("done").await, 0);
+
+    let out = common::kvmem_command(&url)
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EXTRACT", "true")
+        .env("KVMEM_MEMORY_EXTRACT_MODEL_PATH", common::tiny_model())
+        .args(["memory", "work"])
+        .output()
+        .unwrap();
+    common::assert_success(&out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "ran 5 memory job(s)"
+    );
+    assert_eq!(jobs("queued").await, 0);
+    // Every job ran the extractor (no speaker in the fixture is the character's "assistant").
+    let results: Vec<(String, serde_json::Value)> = sqlx::query_as(
+        "SELECT m.speaker, j.result FROM memory_jobs j \
+           JOIN memory_messages m ON m.id = j.memory_message_id WHERE j.state = 'done'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(results.len(), 5);
+    for (speaker, r) in &results {
+        let ran = r["extracted"] == true || r.get("extract_error").is_some();
+        assert_eq!(ran, speaker != "assistant", "{speaker}: {r}");
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn an_orphaned_running_job_is_run_again(pool: PgPool) {
     let svc = service(&pool).await;
@@ -1153,6 +1234,53 @@ async fn another_users_dialogue_never_moves_a_search(pool: PgPool) {
         carol.hits.iter().all(|h| h.id.starts_with("c-")),
         "{carol:?}"
     );
+}
+
+/// A user above `exact_search_max` is searched through the HNSW index: on a small history
+/// the index returns what the exact scan returns, in the same order with the same scores,
+/// and never a row of the user sharing the table.
+#[sqlx::test(migrations = false)]
+async fn the_vector_index_finds_what_the_exact_scan_finds_and_keeps_the_wall(pool: PgPool) {
+    let exact = service(&pool).await;
+    import_fixture(&exact).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("carol.jsonl");
+    let lines: Vec<String> = (0..200)
+        .map(|i| {
+            serde_json::json!({"user_id": "carol", "session_id": format!("c{}", i / 10),
+                "message_id": format!("c-{i}"), "speaker": "Carol",
+                "text": format!("My sister moved to Porto with her beagle puppy, note {i}"),
+                "at": format!("2024-07-{:02}T10:00:00Z", 1 + i % 28)})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    import::import_file(&exact, &file, ExtractMode::None, true, false)
+        .await
+        .unwrap();
+    let mut index = exact.clone();
+    index.config.exact_search_max = 0;
+    for query in [
+        "where did my sister move",
+        "new family dog",
+        "the bakery job",
+    ] {
+        let a = search::search(&exact, &req("alice", query, RankerKind::Vector))
+            .await
+            .unwrap();
+        let b = search::search(&index, &req("alice", query, RankerKind::Vector))
+            .await
+            .unwrap();
+        let ids = |r: &search::SearchResponse| {
+            r.hits
+                .iter()
+                .map(|h| (h.id.clone(), h.score.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        assert!(!a.hits.is_empty(), "{query}");
+        assert_eq!(ids(&a), ids(&b), "{query}");
+        assert!(b.hits.iter().all(|h| h.id.starts_with("a-")), "{b:?}");
+    }
 }
 
 /// Every memory service of a process shares one loaded embedder: the CLI, the pipeline

@@ -115,6 +115,10 @@ pub struct Settings {
     /// Seed 002's keep-80 active facts per user.
     #[serde(default = "default_keep_user")]
     pub memory_keep_user: u32,
+    /// A user with at most this many messages is searched exactly (every vector compared);
+    /// above it the HNSW index answers. 0: always the index.
+    #[serde(default = "default_exact_search_max")]
+    pub memory_exact_search_max: u32,
     /// Seed 002's keep-120 per lore subject.
     #[serde(default = "default_keep_lore")]
     pub memory_keep_lore: u32,
@@ -233,6 +237,10 @@ fn default_true() -> bool {
 
 fn default_ranker() -> String {
     "hybrid".into()
+}
+
+fn default_exact_search_max() -> u32 {
+    20_000
 }
 
 fn default_keep_user() -> u32 {

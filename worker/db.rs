@@ -41,6 +41,12 @@ pub enum DbError {
     Connect(#[source] sqlx::Error),
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(
+        "this PostgreSQL server has no {0} extension, which kvmem's memory search needs: \
+         install pgvector (`ops/install-pgvector` builds it for PostgreSQL 15 on Debian; \
+         elsewhere the postgresql-<major>-pgvector package) and run `kvmem migrate` again"
+    )]
+    MissingExtension(String),
     #[error("installing {file} failed: {source}")]
     Install {
         file: &'static str,
@@ -59,7 +65,7 @@ impl DbError {
             DbError::Connect(e) | DbError::Install { source: e, .. } => unavailable(e),
             DbError::Migrate(MigrateError::Execute(e))
             | DbError::Migrate(MigrateError::ExecuteMigration(e, _)) => unavailable(e),
-            DbError::Migrate(_) => false,
+            DbError::Migrate(_) | DbError::MissingExtension(_) => false,
         }
     }
 }
@@ -92,6 +98,13 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
 
 /// Brings a database to the schema this binary expects.
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    let missing: Vec<String> = sqlx::query_scalar(include_str!("../sql/db/extensions_missing.sql"))
+        .fetch_all(pool)
+        .await
+        .map_err(DbError::Connect)?;
+    if !missing.is_empty() {
+        return Err(DbError::MissingExtension(missing.join(", ")));
+    }
     MIGRATOR.run(pool).await?;
     install_replaceable(pool).await
 }

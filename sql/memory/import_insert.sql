@@ -4,7 +4,7 @@ INSERT INTO memory_messages (user_id, character_id, guild_id, channel_id, sessio
                              speaker, text, at, context, embedding, embed_model, source)
 SELECT u, c, g, ch, s, mid, sp, t, a, ctx, e, $12, 'import'
   FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
-              $7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::bytea[])
+              $7::text[], $8::text[], $9::timestamptz[], $10::text[], $11::vector[])
        AS x(u, c, g, ch, s, mid, sp, t, a, ctx, e)
 ON CONFLICT (user_id, message_id) DO NOTHING
 RETURNING id

@@ -1,9 +1,12 @@
--- Every stored vector of one user's messages in scope, for brute-force cosine in the
--- worker (pgvector is not packaged here); autocommit read.
-SELECT id, at, embedding
+-- The nearest of one user's message vectors to the query ($5) by cosine, from the HNSW
+-- index: the caller's transaction sets hnsw.ef_search and hnsw.iterative_scan, so that
+-- rows of other users skipped by the filter do not leave the list short. $6 rows.
+SELECT id, (1 - (embedding <=> $5::vector))::float8 AS cosine
   FROM memory_messages
  WHERE user_id = $1
    AND ($2::bigint IS NULL OR character_id = $2 OR character_id IS NULL)
    AND guild_id IS NOT DISTINCT FROM $3
    AND ($4::timestamptz IS NULL OR at <= $4)
    AND embedding IS NOT NULL
+ ORDER BY embedding <=> $5::vector
+ LIMIT $6

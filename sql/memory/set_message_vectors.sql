@@ -1,5 +1,5 @@
 -- Stores vectors for messages (backfill and import); one statement, autocommit.
 UPDATE memory_messages m
    SET embedding = v.embedding, embed_model = $3
-  FROM unnest($1::bigint[], $2::bytea[]) AS v(id, embedding)
+  FROM unnest($1::bigint[], $2::vector[]) AS v(id, embedding)
  WHERE m.id = v.id

@@ -222,6 +222,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             | MemoryCommand::Entities { .. }
             | MemoryCommand::Show { .. }
             | MemoryCommand::Todos { .. }
+            | MemoryCommand::Work
     );
     let svc = if needs_embedder {
         MemoryService::new(pool.clone(), config).await
@@ -366,10 +367,28 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
                 .collect::<std::result::Result<_, _>>()?;
             eval(&svc, &questions, &rankers, as_of).await?;
         }
-        MemoryCommand::Work => {
-            let done = jobs::drain(&svc).await?;
-            println!("ran {} memory job(s)", done.len());
-        }
+        MemoryCommand::Work => work(pool, &settings).await?,
+    }
+    Ok(())
+}
+
+/// `kvmem memory work`: the lane exactly as a worker runs it (the extraction model loaded
+/// when `memory_extract` is on). Jobs that ask for extraction and find no model here stay
+/// queued, and the count says so.
+async fn work(pool: PgPool, settings: &Settings) -> Result<()> {
+    let svc = crate::memory::worker_service(pool, settings).await?;
+    let done = jobs::drain(&svc).await?;
+    println!("ran {} memory job(s)", done.len());
+    let waiting: i64 = sqlx::query_scalar(include_str!("../../sql/memory/extract_waiting.sql"))
+        .fetch_one(&svc.pool)
+        .await
+        .map_err(MemoryError::from)?;
+    if waiting > 0 && svc.extractor.is_none() {
+        eprintln!(
+            "note: {waiting} job(s) ask for fact extraction and stay queued: this process has no \
+             extraction model (set KVMEM_MEMORY_EXTRACT=true, and KVMEM_MEMORY_EXTRACT_MODEL_PATH \
+             or KVMEM_MODEL_PATH), or a worker with one runs them"
+        );
     }
     Ok(())
 }

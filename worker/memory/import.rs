@@ -8,11 +8,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
+use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
 use super::search::message_key;
-use super::{embed, MemoryError, MemoryService, Result};
+use super::{MemoryError, MemoryService, Result};
 
 /// Lines per transaction (and per embedding call group).
 const CHUNK: usize = 256;
@@ -283,15 +284,15 @@ async fn import_chunk(
     } else {
         svc.embed(texts).await
     };
-    let (fresh_vecs, back_vecs): (Vec<Option<Vec<u8>>>, Vec<Vec<u8>>) = match &vecs {
+    let (fresh_vecs, back_vecs): (Vec<Option<Vector>>, Vec<Vector>) = match &vecs {
         Some(v) => (
             v[..fresh.len()]
                 .iter()
-                .map(|x| Some(embed::to_bytes(x)))
+                .map(|x| Some(Vector::from(x.clone())))
                 .collect(),
             v[fresh.len()..]
                 .iter()
-                .map(|x| embed::to_bytes(x))
+                .map(|x| Vector::from(x.clone()))
                 .collect(),
         ),
         None => (vec![None; fresh.len()], Vec::new()),
@@ -380,10 +381,10 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
             .embed(texts)
             .await
             .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
-        let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();
+        let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
         sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
             .bind(&ids)
-            .bind(&bytes)
+            .bind(&vectors)
             .bind(svc.model_name())
             .execute(&svc.pool)
             .await?;

@@ -58,6 +58,7 @@ pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
         .execute(&svc.pool)
         .await?;
     let claimed = sqlx::query(include_str!("../../sql/memory/job_claim.sql"))
+        .bind(svc.extractor.is_some())
         .fetch_optional(&svc.pool)
         .await;
     let row = match claimed {
@@ -149,7 +150,7 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
         {
             sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
                 .bind(vec![mid])
-                .bind(vec![embed::to_bytes(&v[0])])
+                .bind(vec![pgvector::Vector::from(v[0].clone())])
                 .bind(svc.model_name())
                 .execute(&svc.pool)
                 .await?;
@@ -198,6 +199,7 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
             return Ok(result);
         }
     };
+    result["extracted"] = json!(true);
     let mut stored = 0;
     for f in facts.into_iter().take(MAX_FACTS_PER_MESSAGE) {
         let mut nm = NewMemory::new(&user, f.kind, f.fact_type, &f.text, Source::Extraction);

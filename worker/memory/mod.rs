@@ -168,6 +168,7 @@ pub struct MemoryConfig {
     pub ranker: RankerKind,
     pub keep_user: i64,
     pub keep_lore: i64,
+    pub exact_search_max: i64,
     pub n_threads: i32,
 }
 
@@ -179,6 +180,7 @@ impl MemoryConfig {
             ranker: RankerKind::parse(&s.memory_ranker)?,
             keep_user: i64::from(s.memory_keep_user),
             keep_lore: i64::from(s.memory_keep_lore),
+            exact_search_max: i64::from(s.memory_exact_search_max),
             n_threads: if s.n_threads == 0 {
                 cores
             } else {

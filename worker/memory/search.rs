@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
+use pgvector::Vector;
 use serde::Serialize;
 use sqlx::{PgPool, Row};
 
@@ -443,28 +444,12 @@ async fn message_hits(
     let pool = &svc.pool;
     let scope = &req.scope;
     let lexical = bm25_ids(pool, scope, req.as_of, &req.query, LEXICAL_CANDIDATES).await?;
-    // Vector list: brute force over the user's vectors.
-    let mut cos: HashMap<i64, f64> = HashMap::new();
-    let mut at_of: HashMap<i64, DateTime<Utc>> = HashMap::new();
-    let mut vector: Vec<(i64, f64)> = Vec::new();
-    if let Some(q) = qvec {
-        let rows = sqlx::query(include_str!("../../sql/memory/search_messages_vectors.sql"))
-            .bind(&scope.user_id)
-            .bind(scope.character_id)
-            .bind(&scope.guild_id)
-            .bind(req.as_of)
-            .fetch_all(pool)
-            .await?;
-        for r in &rows {
-            let id: i64 = r.get("id");
-            let b: &[u8] = r.get("embedding");
-            let c = embed::dot_bytes(q, b) as f64;
-            cos.insert(id, c);
-            at_of.insert(id, r.get("at"));
-            vector.push((id, c));
-        }
-        vector.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    }
+    let qv = qvec.map(|q| Vector::from(q.to_vec()));
+    let vector = match &qv {
+        Some(q) => nearest_messages(svc, req, q).await?,
+        None => Vec::new(),
+    };
+    let mut cos: HashMap<i64, f64> = vector.iter().copied().collect();
     // Time-window list: the messages inside the window, ranked by what the query asks
     // beyond its time phrase. "What did I do in May?" asks nothing beyond it: then the
     // substantive statements of the window come first (content words, not questions).
@@ -480,6 +465,14 @@ async fn message_hits(
                 .bind(w.end)
                 .fetch_all(pool)
                 .await?;
+        if let Some(q) = &qv {
+            let need: Vec<i64> = in_win
+                .iter()
+                .filter(|id| !cos.contains_key(id))
+                .copied()
+                .collect();
+            cos.extend(cosines(pool, &scope.user_id, &need, q).await?);
+        }
         let phrase: Vec<String> = content_words(&w.phrase);
         let rest: Vec<String> = qwords
             .iter()
@@ -508,8 +501,15 @@ async fn message_hits(
             .map(|x| x.0)
             .collect();
     }
-    let _ = &at_of;
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
+    if let Some(q) = &qv {
+        let need: Vec<i64> = lex_order
+            .iter()
+            .filter(|id| !cos.contains_key(id))
+            .copied()
+            .collect();
+        cos.extend(cosines(pool, &scope.user_id, &need, q).await?);
+    }
     let vec_order: Vec<i64> = vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect();
     let mut ids: Vec<i64> = lex_order.clone();
     for id in vec_order.iter().chain(window_list.iter()) {
@@ -592,6 +592,67 @@ async fn message_hits(
             entity_refs: Vec::new(),
         })
         .collect())
+}
+
+/// HNSW candidates per search: the list the fusion reads is [`VECTOR_CANDIDATES`] long, and
+/// the index's recall of the true top-100 drops fast below twice that.
+const EF_SEARCH: usize = 200;
+
+/// The vector leg: the user's nearest messages by cosine, best first. A user with at most
+/// `exact_search_max` messages is searched exactly (cheaper than the index at that size,
+/// and exact); a larger one through the HNSW index.
+async fn nearest_messages(
+    svc: &MemoryService,
+    req: &SearchRequest,
+    q: &Vector,
+) -> Result<Vec<(i64, f64)>> {
+    let scope = &req.scope;
+    let size: i64 = sqlx::query_scalar(include_str!("../../sql/memory/user_messages.sql"))
+        .bind(&scope.user_id)
+        .fetch_one(&svc.pool)
+        .await?;
+    let exact = size <= svc.config.exact_search_max;
+    let sql = if exact {
+        include_str!("../../sql/memory/search_messages_vectors_exact.sql")
+    } else {
+        include_str!("../../sql/memory/search_messages_vectors.sql")
+    };
+    // The index settings are transaction-local: a pooled connection goes back unchanged.
+    let mut tx = svc.pool.begin().await?;
+    if !exact {
+        sqlx::query(include_str!("../../sql/memory/hnsw_settings.sql"))
+            .bind(EF_SEARCH.to_string())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let mut rows: Vec<(i64, f64)> = sqlx::query_as(sql)
+        .bind(&scope.user_id)
+        .bind(scope.character_id)
+        .bind(&scope.guild_id)
+        .bind(req.as_of)
+        .bind(q)
+        .bind(VECTOR_CANDIDATES as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    // The iterative scan returns its rows in roughly, not strictly, nearest-first order.
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(rows)
+}
+
+/// The query's cosine with messages another leg brought in.
+async fn cosines(pool: &PgPool, user: &str, ids: &[i64], q: &Vector) -> Result<Vec<(i64, f64)>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(
+        sqlx::query_as(include_str!("../../sql/memory/message_cosines.sql"))
+            .bind(user)
+            .bind(ids)
+            .bind(q)
+            .fetch_all(pool)
+            .await?,
+    )
 }
 
 /// How much a question that names a speaker prefers that speaker's own words: "what did
@@ -794,12 +855,12 @@ async fn backfill(
     for (id, v) in ids.iter().zip(&vecs) {
         cos.insert(*id, embed::dot(q, v) as f64);
     }
-    let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();
+    let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
     store_backfill(
         svc,
         include_str!("../../sql/memory/set_message_vectors.sql"),
         &ids,
-        &bytes,
+        vectors,
     )
     .await;
     for r in rows.iter_mut() {
@@ -931,17 +992,20 @@ async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memory]) {
         svc,
         include_str!("../../sql/memory/set_memory_vectors.sql"),
         &ids,
-        &bytes,
+        bytes,
     )
     .await;
 }
 
 /// Writes vectors backfilled during a search. A failed write only costs the next search
 /// the same backfill, so it is an event, not an error.
-async fn store_backfill(svc: &MemoryService, sql: &'static str, ids: &[i64], bytes: &[Vec<u8>]) {
+async fn store_backfill<V>(svc: &MemoryService, sql: &'static str, ids: &[i64], vectors: Vec<V>)
+where
+    Vec<V>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
     let res = sqlx::query(sql)
         .bind(ids)
-        .bind(bytes)
+        .bind(vectors)
         .bind(svc.model_name())
         .execute(&svc.pool)
         .await;
