@@ -1281,6 +1281,31 @@ async fn the_vector_index_finds_what_the_exact_scan_finds_and_keeps_the_wall(poo
         assert_eq!(ids(&a), ids(&b), "{query}");
         assert!(b.hits.iter().all(|h| h.id.starts_with("a-")), "{b:?}");
     }
+    // The index path's statement, under the settings the search gives it, reads the index.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(include_str!("../sql/memory/hnsw_settings.sql"))
+        .bind("200")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let q = pgvector::Vector::from(vec![0.05_f32; 384]);
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (FORMAT JSON) {}",
+        include_str!("../sql/memory/search_messages_vectors.sql")
+    ))
+    .bind("alice")
+    .bind(None::<i64>)
+    .bind(None::<String>)
+    .bind(None::<chrono::DateTime<chrono::Utc>>)
+    .bind(&q)
+    .bind(100_i64)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert!(
+        plan.to_string().contains("memory_messages_embedding_hnsw"),
+        "{plan}"
+    );
 }
 
 /// Every memory service of a process shares one loaded embedder: the CLI, the pipeline

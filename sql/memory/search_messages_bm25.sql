@@ -1,26 +1,40 @@
 -- BM25 over one user's messages (autocommit read): the query's lexemes (Postgres' English
 -- parser, as the index has them), their inverse document frequencies from the user's own
--- lexicon, then every message holding one of them, scored by Okapi BM25 (k1 = $6, b = $7).
--- A lexeme in the reply-to context (weight D) counts $8 of an own-word occurrence. $2
--- character filter (seed 001), $3 guild (hard), $4 as-of cut, $9 the number of results.
+-- lexicon, then the messages to score, by Okapi BM25 (k1 = $6, b = $7) over every query
+-- lexeme. A lexeme in the reply-to context (weight D) counts $8 of an own-word occurrence.
+-- $2 character filter (seed 001), $3 guild (hard), $4 as-of cut, $9 the number of results.
+-- Which messages are scored: for a user with at most $10 messages, every one holding a
+-- query lexeme; for a larger user, those holding its rarest lexemes while their matches
+-- add up to at most $10 (a lexeme in thousands of messages weighs little and would make
+-- the search read them all), and the vector leg's candidates $11.
 WITH stats AS (
     SELECT docs::float8 AS n, positions::float8 / greatest(docs, 1) AS avgdl
       FROM memory_lexicon_users WHERE user_id = $1
 ), idf AS (
-    SELECT l.term, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
+    SELECT l.term, l.df, ln(1 + (s.n - l.df + 0.5) / (l.df + 0.5)) AS idf
       FROM stats s
       JOIN memory_lexicon l ON l.user_id = $1
      WHERE l.term IN (SELECT lexeme FROM unnest(to_tsvector('english', $5::text)))
+), pull AS (
+    SELECT x.term
+      FROM (SELECT term, sum(df) OVER (ORDER BY df, term) AS spent FROM idf) x, stats s
+     WHERE x.spent <= $10 OR s.n <= $10
 ), q AS (
-    SELECT string_agg(quote_literal(term), ' | ')::tsquery AS q FROM idf
+    SELECT string_agg(quote_literal(term), ' | ')::tsquery AS q FROM pull
+), cand_ids AS (
+    SELECT m.id
+      FROM memory_messages m, q
+     WHERE m.user_id = $1 AND m.tsv @@ q.q
+    UNION
+    SELECT unnest($11::bigint[])
 ), cand AS (
     SELECT m.id, m.tsv, kvmem_own_positions(m.tsv) AS dl
-      FROM memory_messages m, q
+      FROM memory_messages m
+      JOIN cand_ids c ON c.id = m.id
      WHERE m.user_id = $1
        AND ($2::bigint IS NULL OR m.character_id = $2 OR m.character_id IS NULL)
        AND m.guild_id IS NOT DISTINCT FROM $3
        AND ($4::timestamptz IS NULL OR m.at <= $4)
-       AND m.tsv @@ q.q
 )
 SELECT c.id,
        sum(i.idf * t.tf * ($6 + 1) / (t.tf + $6 * (1 - $7 + $7 * c.dl / s.avgdl)))::float8 AS score

@@ -593,7 +593,7 @@ async fn eval(
     types.sort();
     types.dedup();
     println!(
-        "{:<9} {:>5} {:>6} {:>6}  {}  p50/p95 ms",
+        "{:<9} {:>5} {:>6} {:>6}  {}  p50/p95/p99 ms",
         "ranker",
         "n",
         "R@5",
@@ -638,7 +638,7 @@ async fn eval(
         };
         let n = qs.len().max(1) as f64;
         println!(
-            "{:<9} {:>5} {:>6.3} {:>6.3}  {}  {:.1}/{:.1}",
+            "{:<9} {:>5} {:>6.3} {:>6.3}  {}  {:.1}/{:.1}/{:.1}",
             ranker.as_str(),
             qs.len(),
             r5 / n,
@@ -652,7 +652,8 @@ async fn eval(
                 .collect::<Vec<_>>()
                 .join(" "),
             pct(0.5),
-            pct(0.95)
+            pct(0.95),
+            pct(0.99)
         );
     }
     Ok(())

@@ -1,0 +1,140 @@
+//! The extracted facts as hits: each scored by the request's ranker against the query,
+//! with the vectors a fact lacks filled in on the way.
+
+use chrono::{DateTime, Utc};
+
+use super::super::rank::{self, Signals};
+use super::super::{embed, store, MemoryService, RankerKind, Result};
+use super::rows::channel_score;
+use super::vector::store_backfill;
+use super::words::overlap;
+use super::{
+    ranks, Hit, HitKind, SearchRequest, BACKFILL_PER_QUERY, FACT_CANDIDATES, VECTOR_CANDIDATES,
+};
+
+pub(super) async fn memory_hits(
+    svc: &MemoryService,
+    req: &SearchRequest,
+    now: DateTime<Utc>,
+    qwords: &[String],
+    qvec: Option<&[f32]>,
+) -> Result<Vec<Hit>> {
+    let mut facts = store::facts(&svc.pool, &req.scope, req.as_of, FACT_CANDIDATES).await?;
+    if facts.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(q) = qvec {
+        backfill_facts(svc, &mut facts).await;
+        let _ = q;
+    }
+    let lex: Vec<f64> = facts
+        .iter()
+        .map(|f| {
+            let t = format!(
+                "{} {} {}",
+                f.entity_label.as_deref().unwrap_or(""),
+                f.text,
+                f.evidence_text.as_deref().unwrap_or("")
+            );
+            overlap(qwords, &req.query, &t)
+        })
+        .collect();
+    let sem: Vec<Option<f64>> = facts
+        .iter()
+        .map(|f| match (qvec, &f.embedding) {
+            (Some(q), Some(b)) => Some(embed::dot_bytes(q, b) as f64),
+            _ => None,
+        })
+        .collect();
+    let mut lex_order: Vec<usize> = (0..facts.len()).filter(|&i| lex[i] > 0.0).collect();
+    lex_order.sort_by(|&a, &b| lex[b].total_cmp(&lex[a]).then(a.cmp(&b)));
+    let mut vec_order: Vec<usize> = (0..facts.len()).filter(|&i| sem[i].is_some()).collect();
+    vec_order.sort_by(|&a, &b| {
+        sem[b]
+            .unwrap_or(0.0)
+            .total_cmp(&sem[a].unwrap_or(0.0))
+            .then(a.cmp(&b))
+    });
+    vec_order.truncate(VECTOR_CANDIDATES);
+    let lr = ranks(&lex_order);
+    let vr = ranks(&vec_order);
+    let freq = rank::entity_frequency(
+        &facts
+            .iter()
+            .map(|f| f.entity_refs.clone())
+            .collect::<Vec<_>>(),
+    );
+    let mut hits = Vec::new();
+    for (i, f) in facts.into_iter().enumerate() {
+        if !lr.contains_key(&i) && !vr.contains_key(&i) {
+            continue;
+        }
+        let s = Signals {
+            lexical_rank: lr.get(&i).copied(),
+            lexical: lex[i],
+            semantic: if qvec.is_some() { sem[i] } else { None },
+            vector_rank: vr.get(&i).copied(),
+            confidence: f.confidence as f64,
+            at: Some(f.valid_from),
+            channel: channel_score(req.scope.channel_id.as_deref(), f.channel_id.as_deref()),
+            entity_freq: freq[i],
+            in_window: None,
+            window_rank: None,
+        };
+        let scored = rank::score(req.ranker, &s, now);
+        if req.strict && !scored.passes_gate {
+            continue;
+        }
+        if req.ranker == RankerKind::Lexical && s.lexical_rank.is_none() {
+            continue;
+        }
+        hits.push(Hit {
+            kind: HitKind::Memory,
+            id: format!("memory:{}", f.id),
+            text: f.text,
+            score: scored.score,
+            components: scored.components,
+            source_message_ids: f.source_message_ids,
+            session_id: None,
+            speaker: None,
+            at: Some(f.valid_from),
+            entity_refs: f.entity_refs,
+        });
+    }
+    Ok(hits)
+}
+
+pub(super) async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memory]) {
+    let todo: Vec<usize> = (0..facts.len())
+        .filter(|&i| facts[i].embedding.is_none())
+        .take(BACKFILL_PER_QUERY)
+        .collect();
+    if todo.is_empty() {
+        return;
+    }
+    let texts = todo
+        .iter()
+        .map(|&i| {
+            store::embed_text(
+                &facts[i].fact_type,
+                &facts[i].text,
+                facts[i].evidence_text.as_deref(),
+            )
+        })
+        .collect();
+    let Some(vecs) = svc.embed(texts).await else {
+        return;
+    };
+    let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();
+    let ids: Vec<i64> = todo.iter().map(|&i| facts[i].id).collect();
+    for (&i, b) in todo.iter().zip(&bytes) {
+        facts[i].embedding = Some(b.clone());
+    }
+    store_backfill(
+        svc,
+        include_str!("../../../sql/memory/set_memory_vectors.sql"),
+        &ids,
+        bytes,
+    )
+    .await;
+}

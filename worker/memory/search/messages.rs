@@ -1,0 +1,229 @@
+//! The dialogue's candidates: the lexical, vector and time-window legs, fused by the
+//! request's ranker, then lifted.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use pgvector::Vector;
+use sqlx::PgPool;
+
+use super::super::rank::{self, Signals};
+use super::super::timeq::TimeWindow;
+use super::super::{MemoryService, RankerKind, Result};
+use super::lexical::bm25_ids;
+use super::lifts::{prefer_named_speakers, with_neighbours};
+use super::rows::{channel_score, fetch_messages, MsgRow};
+use super::vector::{backfill, cosines, nearest_messages};
+use super::words::{content_words, names, overlap, substance, VAGUE};
+use super::{
+    ranks, Hit, HitKind, SearchRequest, LEXICAL_CANDIDATES, VECTOR_CANDIDATES, WINDOW_CANDIDATES,
+};
+
+/// The rank of each candidate in each leg's list, for the fusion.
+struct Legs {
+    lexical: HashMap<i64, usize>,
+    vector: HashMap<i64, usize>,
+    window: HashMap<i64, usize>,
+}
+
+pub(super) async fn message_hits(
+    svc: &MemoryService,
+    req: &SearchRequest,
+    now: DateTime<Utc>,
+    window: Option<&TimeWindow>,
+    qwords: &[String],
+    qvec: Option<&[f32]>,
+) -> Result<Vec<Hit>> {
+    let pool = &svc.pool;
+    let scope = &req.scope;
+    let qv = qvec.map(|q| Vector::from(q.to_vec()));
+    let vector = match &qv {
+        Some(q) => nearest_messages(svc, req, q).await?,
+        None => Vec::new(),
+    };
+    let vector_ids: Vec<i64> = vector.iter().map(|x| x.0).collect();
+    let lexical = bm25_ids(
+        pool,
+        scope,
+        req.as_of,
+        &req.query,
+        LEXICAL_CANDIDATES,
+        &vector_ids,
+    )
+    .await?;
+    let mut cos: HashMap<i64, f64> = vector.iter().copied().collect();
+    let window_list = match window {
+        Some(w) => window_leg(pool, req, w, qwords, qv.as_ref(), &mut cos).await?,
+        None => Vec::new(),
+    };
+    let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
+    fill_cosines(pool, &scope.user_id, &lex_order, qv.as_ref(), &mut cos).await?;
+    let vec_order: Vec<i64> = vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect();
+    let mut ids: Vec<i64> = lex_order.clone();
+    for id in vec_order.iter().chain(window_list.iter()) {
+        if !ids.contains(id) {
+            ids.push(*id);
+        }
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut rows = fetch_messages(pool, &scope.user_id, &ids).await?;
+    // Seed 002's backfill: a few candidates without vectors get one now.
+    if let Some(q) = qvec {
+        backfill(svc, q, &mut rows, &mut cos).await;
+    }
+    let legs = Legs {
+        lexical: ranks(&lex_order),
+        vector: ranks(&vec_order),
+        window: ranks(&window_list),
+    };
+    let semantic = qvec.is_some().then_some(&cos);
+    let mut scored = score_rows(req, now, window, qwords, semantic, &legs, rows);
+    if req.ranker == RankerKind::Hybrid {
+        prefer_named_speakers(pool, &scope.user_id, &req.query, &mut scored).await?;
+        with_neighbours(pool, req, &mut scored).await?;
+    }
+    Ok(scored
+        .into_iter()
+        .filter(|(row, _)| req.skip_speaker.as_deref() != Some(row.speaker.as_str()))
+        .map(|(row, sc)| Hit {
+            kind: HitKind::Message,
+            id: row.message_id.clone(),
+            text: row.text,
+            score: sc.score,
+            components: sc.components,
+            source_message_ids: vec![row.message_id],
+            session_id: Some(row.session_id),
+            speaker: Some(row.speaker),
+            at: Some(row.at),
+            entity_refs: Vec::new(),
+        })
+        .collect())
+}
+
+/// The query's cosine for those of `ids` the vector list did not bring.
+async fn fill_cosines(
+    pool: &PgPool,
+    user: &str,
+    ids: &[i64],
+    qv: Option<&Vector>,
+    cos: &mut HashMap<i64, f64>,
+) -> Result<()> {
+    let Some(q) = qv else {
+        return Ok(());
+    };
+    let need: Vec<i64> = ids
+        .iter()
+        .filter(|id| !cos.contains_key(id))
+        .copied()
+        .collect();
+    cos.extend(cosines(pool, user, &need, q).await?);
+    Ok(())
+}
+
+/// Time-window list: the messages inside the window, ranked by what the query asks beyond
+/// its time phrase. "What did I do in May?" asks nothing beyond it: then the substantive
+/// statements of the window come first (content words, not questions).
+async fn window_leg(
+    pool: &PgPool,
+    req: &SearchRequest,
+    w: &TimeWindow,
+    qwords: &[String],
+    qv: Option<&Vector>,
+    cos: &mut HashMap<i64, f64>,
+) -> Result<Vec<i64>> {
+    let scope = &req.scope;
+    let in_win: Vec<i64> =
+        sqlx::query_scalar(include_str!("../../../sql/memory/window_messages.sql"))
+            .bind(&scope.user_id)
+            .bind(scope.character_id)
+            .bind(&scope.guild_id)
+            .bind(req.as_of)
+            .bind(w.start)
+            .bind(w.end)
+            .fetch_all(pool)
+            .await?;
+    fill_cosines(pool, &scope.user_id, &in_win, qv, cos).await?;
+    let phrase: Vec<String> = content_words(&w.phrase);
+    let rest: Vec<String> = qwords
+        .iter()
+        .filter(|x| {
+            !phrase.contains(x) && !VAGUE.contains(&x.as_str()) && x.parse::<i32>().is_err()
+        })
+        .cloned()
+        .collect();
+    let rows = fetch_messages(pool, &scope.user_id, &in_win).await?;
+    let mut scored: Vec<(i64, f64)> = rows
+        .iter()
+        .map(|r| {
+            let score = if rest.is_empty() {
+                substance(&r.text)
+            } else {
+                0.5 * overlap(&rest, "", &r.text)
+                    + 0.5 * cos.get(&r.id).copied().unwrap_or(0.0).max(0.0)
+            };
+            (r.id, score)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(scored
+        .into_iter()
+        .take(WINDOW_CANDIDATES)
+        .map(|x| x.0)
+        .collect())
+}
+
+/// Each candidate's signals, scored by the request's ranker; a candidate the ranker cannot
+/// score (or that fails the strict gate) is left out.
+fn score_rows(
+    req: &SearchRequest,
+    now: DateTime<Utc>,
+    window: Option<&TimeWindow>,
+    qwords: &[String],
+    semantic: Option<&HashMap<i64, f64>>,
+    legs: &Legs,
+    rows: Vec<MsgRow>,
+) -> Vec<(MsgRow, rank::Scored)> {
+    let scope = &req.scope;
+    let mut cands: Vec<(MsgRow, Signals)> = rows
+        .into_iter()
+        .map(|row| {
+            let text = format!("{} {}", row.speaker, row.text);
+            let s = Signals {
+                lexical_rank: legs.lexical.get(&row.id).copied(),
+                lexical: overlap(qwords, &req.query, &text),
+                semantic: semantic.and_then(|c| c.get(&row.id).copied()),
+                vector_rank: legs.vector.get(&row.id).copied(),
+                // A message is what was said, not an inferred fact: full confidence.
+                confidence: 1.0,
+                at: Some(row.at),
+                channel: channel_score(scope.channel_id.as_deref(), row.channel_id.as_deref()),
+                entity_freq: 0.0,
+                in_window: window.map(|w| w.contains(row.at)),
+                window_rank: legs.window.get(&row.id).copied(),
+            };
+            (row, s)
+        })
+        .collect();
+    // Seed 001's entity frequency over the candidate set.
+    let ents: Vec<Vec<String>> = cands.iter().map(|(r, _)| names(&r.text)).collect();
+    for ((_, s), f) in cands.iter_mut().zip(rank::entity_frequency(&ents)) {
+        s.entity_freq = f;
+    }
+    let mut scored: Vec<(MsgRow, rank::Scored)> = Vec::new();
+    for (row, s) in cands {
+        let sc = rank::score(req.ranker, &s, now);
+        if req.strict && !sc.passes_gate {
+            continue;
+        }
+        if req.ranker == RankerKind::Lexical && s.lexical_rank.is_none() {
+            continue;
+        }
+        if req.ranker == RankerKind::Vector && s.vector_rank.is_none() {
+            continue;
+        }
+        scored.push((row, sc));
+    }
+    scored
+}

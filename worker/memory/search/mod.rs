@@ -1,0 +1,170 @@
+//! Retrieval over both the facts and the dialogue: lexical (BM25 over the user's own term
+//! statistics), semantic (MiniLM cosine over one user's vectors) and time windows from the
+//! query, fused by a named ranker, then lifted by who speaks, which session a topic lives
+//! in and the turns around the best hits, so a question can be answered from an extracted
+//! fact or from the exact turn that holds it, with provenance.
+//!
+//! The room's files: `words` (the text rules every leg shares), `lexical` (BM25),
+//! `vector` (the nearest vectors, exact or through the index, and their backfill), `rows`
+//! (the candidate messages read back), `lifts` (speaker and neighbours), `messages` (the
+//! dialogue's legs fused) and `facts` (the extracted facts' scoring).
+
+mod facts;
+mod lexical;
+mod lifts;
+mod messages;
+mod rows;
+mod vector;
+mod words;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::store::{self, Scope};
+use super::timeq::{self, TimeWindow};
+use super::{MemoryError, MemoryService, RankerKind, Result};
+use facts::memory_hits;
+use messages::message_hits;
+
+pub use words::{content_words, message_key, names, overlap, stem};
+
+/// Candidates taken from each retriever before ranking.
+const LEXICAL_CANDIDATES: i64 = 30;
+const VECTOR_CANDIDATES: usize = 100;
+const WINDOW_CANDIDATES: usize = 100;
+/// Seed 002: at most this many missing vectors are filled per query.
+pub const BACKFILL_PER_QUERY: usize = 8;
+/// Facts considered per query (one user's; keep-80 keeps this small).
+const FACT_CANDIDATES: i64 = 5000;
+
+/// A search as the CLI and HTTP take it.
+#[derive(Debug, Clone)]
+pub struct SearchRequest {
+    pub scope: Scope,
+    pub query: String,
+    pub limit: usize,
+    pub as_of: Option<DateTime<Utc>>,
+    pub ranker: RankerKind,
+    /// Seed 002's strict mode: drop candidates that fail the relevance gate.
+    pub strict: bool,
+    /// Dialogue by this speaker is left out (a character's recall skips its own replies).
+    pub skip_speaker: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HitKind {
+    Memory,
+    Message,
+    Summary,
+}
+
+/// One ranked hit, with its provenance.
+#[derive(Debug, Clone, Serialize)]
+pub struct Hit {
+    pub kind: HitKind,
+    /// `memory:<id>` for facts; the caller's own message id for messages.
+    pub id: String,
+    pub text: String,
+    pub score: f64,
+    pub components: BTreeMap<String, f64>,
+    /// The caller's message ids whose text this hit carries.
+    pub source_message_ids: Vec<String>,
+    pub session_id: Option<String>,
+    pub speaker: Option<String>,
+    pub at: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub entity_refs: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchResponse {
+    pub query: String,
+    pub ranker: &'static str,
+    pub as_of: Option<DateTime<Utc>>,
+    /// False when no query vector could be made: scores are lexical only (seed 004).
+    pub semantic: bool,
+    pub time_window: Option<TimeWindow>,
+    pub hits: Vec<Hit>,
+}
+
+async fn reference_time(
+    pool: &PgPool,
+    scope: &Scope,
+    as_of: Option<DateTime<Utc>>,
+) -> Result<DateTime<Utc>> {
+    if let Some(t) = as_of {
+        return Ok(t);
+    }
+    let latest: Option<DateTime<Utc>> =
+        sqlx::query_scalar(include_str!("../../../sql/memory/latest_at.sql"))
+            .bind(&scope.user_id)
+            .bind(&scope.guild_id)
+            .bind(as_of)
+            .fetch_one(pool)
+            .await?;
+    Ok(latest.unwrap_or_else(Utc::now))
+}
+
+/// Runs a search. Embedder trouble never fails it: the query then scores lexically.
+pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchResponse> {
+    req.scope.validate()?;
+    if req.query.trim().is_empty() {
+        return Err(MemoryError::Invalid("--query must not be empty".into()));
+    }
+    if req.limit == 0 || req.limit > 200 {
+        return Err(MemoryError::Invalid(
+            "--limit must be between 1 and 200".into(),
+        ));
+    }
+    let pool = &svc.pool;
+    let now = reference_time(pool, &req.scope, req.as_of).await?;
+    let window = timeq::parse(&req.query, now);
+    let qwords = content_words(&req.query);
+    // The lexical-only ranker needs no query vector: skip the model call.
+    let qvec = if req.ranker == RankerKind::Lexical {
+        None
+    } else {
+        match svc.embed(vec![req.query.clone()]).await {
+            Some(mut v) => v.pop(),
+            None => None,
+        }
+    };
+
+    let mut hits = message_hits(svc, req, now, window.as_ref(), &qwords, qvec.as_deref()).await?;
+    hits.extend(memory_hits(svc, req, now, &qwords, qvec.as_deref()).await?);
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+    let hits = dedupe(hits, req.limit);
+    Ok(SearchResponse {
+        query: req.query.clone(),
+        ranker: req.ranker.as_str(),
+        as_of: req.as_of,
+        semantic: qvec.is_some(),
+        time_window: window,
+        hits,
+    })
+}
+
+/// Drops near-identical hits (same normalised text), keeping the better one.
+fn dedupe(hits: Vec<Hit>, limit: usize) -> Vec<Hit> {
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut out = Vec::new();
+    for h in hits {
+        let key = store::normalise_text(&h.text);
+        if key.len() > 12 && !seen.insert(key) {
+            continue;
+        }
+        out.push(h);
+        if out.len() == limit {
+            break;
+        }
+    }
+    out
+}
+
+fn ranks<T: Copy + Eq + std::hash::Hash>(ordered: &[T]) -> HashMap<T, usize> {
+    ordered.iter().enumerate().map(|(i, id)| (*id, i)).collect()
+}

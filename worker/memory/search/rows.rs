@@ -1,0 +1,52 @@
+//! The candidate messages read back by id, with what the ranking needs of each.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Row};
+
+use super::super::Result;
+use super::ranks;
+
+pub(super) fn channel_score(want: Option<&str>, have: Option<&str>) -> f64 {
+    match (want, have) {
+        (_, None) => 0.25,
+        (Some(w), Some(h)) if w == h => 1.0,
+        _ => 0.0,
+    }
+}
+
+pub(super) struct MsgRow {
+    pub(super) id: i64,
+    pub(super) session_id: String,
+    pub(super) message_id: String,
+    pub(super) speaker: String,
+    pub(super) text: String,
+    pub(super) at: DateTime<Utc>,
+    pub(super) context: Option<String>,
+    pub(super) channel_id: Option<String>,
+    pub(super) unembedded: bool,
+}
+
+pub(super) async fn fetch_messages(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<MsgRow>> {
+    let rows = sqlx::query(include_str!("../../../sql/memory/messages_by_id.sql"))
+        .bind(user)
+        .bind(ids)
+        .fetch_all(pool)
+        .await?;
+    let mut out: Vec<MsgRow> = rows
+        .iter()
+        .map(|r| MsgRow {
+            id: r.get("id"),
+            session_id: r.get("session_id"),
+            message_id: r.get("message_id"),
+            speaker: r.get("speaker"),
+            text: r.get("text"),
+            at: r.get("at"),
+            context: r.get("context"),
+            channel_id: r.get("channel_id"),
+            unembedded: r.get("unembedded"),
+        })
+        .collect();
+    let pos = ranks(ids);
+    out.sort_by_key(|r| pos.get(&r.id).copied().unwrap_or(usize::MAX));
+    Ok(out)
+}

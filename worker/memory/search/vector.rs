@@ -1,0 +1,139 @@
+//! The vector leg: a user's nearest messages by cosine, exact for a small history and
+//! through the HNSW index for a large one, and the vectors a search fills in on the way.
+
+use std::collections::HashMap;
+
+use pgvector::Vector;
+use sqlx::PgPool;
+
+use super::super::{embed, MemoryService, Result};
+use super::rows::MsgRow;
+use super::words::message_key;
+use super::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
+
+/// HNSW candidates per search: the list the fusion reads is [`VECTOR_CANDIDATES`] long, and
+/// the index's recall of the true top-100 drops fast below twice that.
+pub(super) const EF_SEARCH: usize = 200;
+
+/// The vector leg: the user's nearest messages by cosine, best first. A user with at most
+/// `exact_search_max` messages is searched exactly (cheaper than the index at that size,
+/// and exact); a larger one through the HNSW index.
+pub(super) async fn nearest_messages(
+    svc: &MemoryService,
+    req: &SearchRequest,
+    q: &Vector,
+) -> Result<Vec<(i64, f64)>> {
+    let scope = &req.scope;
+    let size: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/user_messages.sql"))
+        .bind(&scope.user_id)
+        .fetch_one(&svc.pool)
+        .await?;
+    let exact = size <= svc.config.exact_search_max;
+    let sql = if exact {
+        include_str!("../../../sql/memory/search_messages_vectors_exact.sql")
+    } else {
+        include_str!("../../../sql/memory/search_messages_vectors.sql")
+    };
+    // The index settings are transaction-local: a pooled connection goes back unchanged.
+    let mut tx = svc.pool.begin().await?;
+    if !exact {
+        sqlx::query(include_str!("../../../sql/memory/hnsw_settings.sql"))
+            .bind(EF_SEARCH.to_string())
+            .execute(&mut *tx)
+            .await?;
+    }
+    let mut rows: Vec<(i64, f64)> = sqlx::query_as(sql)
+        .bind(&scope.user_id)
+        .bind(scope.character_id)
+        .bind(&scope.guild_id)
+        .bind(req.as_of)
+        .bind(q)
+        .bind(VECTOR_CANDIDATES as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    // The iterative scan returns its rows in roughly, not strictly, nearest-first order.
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(rows)
+}
+
+/// The query's cosine with messages another leg brought in.
+pub(super) async fn cosines(
+    pool: &PgPool,
+    user: &str,
+    ids: &[i64],
+    q: &Vector,
+) -> Result<Vec<(i64, f64)>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(
+        sqlx::query_as(include_str!("../../../sql/memory/message_cosines.sql"))
+            .bind(user)
+            .bind(ids)
+            .bind(q)
+            .fetch_all(pool)
+            .await?,
+    )
+}
+
+pub(super) async fn backfill(
+    svc: &MemoryService,
+    q: &[f32],
+    rows: &mut [MsgRow],
+    cos: &mut HashMap<i64, f64>,
+) {
+    let todo: Vec<&MsgRow> = rows
+        .iter()
+        .filter(|r| r.unembedded)
+        .take(BACKFILL_PER_QUERY)
+        .collect();
+    if todo.is_empty() {
+        return;
+    }
+    let texts = todo
+        .iter()
+        .map(|r| message_key(&r.speaker, &r.text, r.context.as_deref()))
+        .collect();
+    let Some(vecs) = svc.embed(texts).await else {
+        return;
+    };
+    let ids: Vec<i64> = todo.iter().map(|r| r.id).collect();
+    for (id, v) in ids.iter().zip(&vecs) {
+        cos.insert(*id, embed::dot(q, v) as f64);
+    }
+    let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
+    store_backfill(
+        svc,
+        include_str!("../../../sql/memory/set_message_vectors.sql"),
+        &ids,
+        vectors,
+    )
+    .await;
+    for r in rows.iter_mut() {
+        if ids.contains(&r.id) {
+            r.unembedded = false;
+        }
+    }
+}
+
+/// Writes vectors backfilled during a search. A failed write only costs the next search
+/// the same backfill, so it is an event, not an error.
+pub(super) async fn store_backfill<V>(
+    svc: &MemoryService,
+    sql: &'static str,
+    ids: &[i64],
+    vectors: Vec<V>,
+) where
+    Vec<V>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+{
+    let res = sqlx::query(sql)
+        .bind(ids)
+        .bind(vectors)
+        .bind(svc.model_name())
+        .execute(&svc.pool)
+        .await;
+    if let Err(e) = res {
+        super::super::event(&svc.pool, "memory_backfill_error", &e.to_string(), None).await;
+    }
+}
