@@ -16,7 +16,7 @@ pub(super) const BM25_CONTEXT_WEIGHT: f64 = 0.3;
 /// How many query-term matches a search reads from a large user's history before it stops
 /// pulling in the commoner terms' messages (they are still scored where another leg
 /// brought the message). A user with fewer messages than this has every match read.
-pub(super) const LEXICAL_MATCH_BUDGET: i64 = 2000;
+pub(super) const LEXICAL_MATCH_BUDGET: i64 = 500;
 
 /// The user's messages ranked by BM25 for `query` (Postgres' English lexemes, the user's
 /// own document frequencies), best first. `also` are scored whatever their terms' counts.
@@ -30,6 +30,7 @@ pub(super) async fn bm25_ids(
 ) -> Result<Vec<(i64, f64)>> {
     let rows: Vec<(i64, f64)> =
         sqlx::query_as(include_str!("../../../sql/memory/search_messages_bm25.sql"))
+            .persistent(false)
             .bind(&scope.user_id)
             .bind(scope.character_id)
             .bind(&scope.guild_id)

@@ -35,6 +35,7 @@ pub(super) fn lifts(sc: &rank::Scored) -> bool {
 pub(super) async fn named_speakers(pool: &PgPool, user: &str, query: &str) -> Result<Vec<String>> {
     let speakers: Vec<String> =
         sqlx::query_scalar(include_str!("../../../sql/memory/speakers.sql"))
+            .persistent(false)
             .bind(user)
             .fetch_all(pool)
             .await?;
@@ -91,6 +92,7 @@ pub(super) async fn with_neighbours(
     }
     let pairs: Vec<(i64, Option<i64>, Option<i64>)> =
         sqlx::query_as(include_str!("../../../sql/memory/message_neighbours.sql"))
+            .persistent(false)
             .bind(&req.scope.user_id)
             .bind(&sources)
             .bind(req.as_of)

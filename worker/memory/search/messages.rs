@@ -136,6 +136,7 @@ async fn window_leg(
     let scope = &req.scope;
     let in_win: Vec<i64> =
         sqlx::query_scalar(include_str!("../../../sql/memory/window_messages.sql"))
+            .persistent(false)
             .bind(&scope.user_id)
             .bind(scope.character_id)
             .bind(&scope.guild_id)

@@ -31,6 +31,12 @@ use messages::message_hits;
 
 pub use words::{content_words, message_key, names, overlap, stem};
 
+// The search's statements run unprepared (`persistent(false)`): Postgres then plans each
+// with its parameters. A cached statement turns generic after five runs, and a generic
+// plan cannot use the per-user GIN index for a tsquery built inside the statement, nor
+// the (user_id, at) index under an optional as-of cut: at 100,000 messages the BM25
+// statement went from under a millisecond to 296 ms, the newest-message lookup to 73 ms.
+
 /// Candidates taken from each retriever before ranking.
 const LEXICAL_CANDIDATES: i64 = 30;
 const VECTOR_CANDIDATES: usize = 100;
@@ -101,10 +107,11 @@ async fn reference_time(
     }
     let latest: Option<DateTime<Utc>> =
         sqlx::query_scalar(include_str!("../../../sql/memory/latest_at.sql"))
+            .persistent(false)
             .bind(&scope.user_id)
             .bind(&scope.guild_id)
             .bind(as_of)
-            .fetch_one(pool)
+            .fetch_optional(pool)
             .await?;
     Ok(latest.unwrap_or_else(Utc::now))
 }

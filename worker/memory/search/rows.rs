@@ -28,6 +28,7 @@ pub(super) struct MsgRow {
 
 pub(super) async fn fetch_messages(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<MsgRow>> {
     let rows = sqlx::query(include_str!("../../../sql/memory/messages_by_id.sql"))
+        .persistent(false)
         .bind(user)
         .bind(ids)
         .fetch_all(pool)

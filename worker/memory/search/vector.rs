@@ -25,6 +25,7 @@ pub(super) async fn nearest_messages(
 ) -> Result<Vec<(i64, f64)>> {
     let scope = &req.scope;
     let size: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/user_messages.sql"))
+        .persistent(false)
         .bind(&scope.user_id)
         .fetch_one(&svc.pool)
         .await?;
@@ -38,11 +39,13 @@ pub(super) async fn nearest_messages(
     let mut tx = svc.pool.begin().await?;
     if !exact {
         sqlx::query(include_str!("../../../sql/memory/hnsw_settings.sql"))
+            .persistent(false)
             .bind(EF_SEARCH.to_string())
             .execute(&mut *tx)
             .await?;
     }
     let mut rows: Vec<(i64, f64)> = sqlx::query_as(sql)
+        .persistent(false)
         .bind(&scope.user_id)
         .bind(scope.character_id)
         .bind(&scope.guild_id)
@@ -69,6 +72,7 @@ pub(super) async fn cosines(
     }
     Ok(
         sqlx::query_as(include_str!("../../../sql/memory/message_cosines.sql"))
+            .persistent(false)
             .bind(user)
             .bind(ids)
             .bind(q)
