@@ -91,6 +91,30 @@ async fn import_fixture(svc: &MemoryService) -> import::ImportReport {
     .expect("import")
 }
 
+/// Imports `n` messages of user carol (ten to a session, July 2024) through a file, as the
+/// CLI does; `line(i)` gives each one's speaker and text.
+async fn import_carol(
+    svc: &MemoryService,
+    n: usize,
+    line: impl Fn(usize) -> (&'static str, String),
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("carol.jsonl");
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let (speaker, text) = line(i);
+            serde_json::json!({"user_id": "carol", "session_id": format!("c{}", i / 10),
+                "message_id": format!("c-{i}"), "speaker": speaker, "text": text,
+                "at": format!("2024-07-{:02}T10:00:00Z", 1 + i % 28)})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    import::import_file(svc, &file, ExtractMode::None, true, false)
+        .await
+        .unwrap();
+}
+
 fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
     SearchRequest {
         scope: Scope::user(user),
@@ -1211,21 +1235,13 @@ async fn another_users_dialogue_never_moves_a_search(pool: PgPool) {
     };
     let before = run().await;
     assert!(before.iter().all(|hits| !hits.is_empty()), "{before:?}");
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("carol.jsonl");
-    let lines: Vec<String> = (0..120)
-        .map(|i| {
-            serde_json::json!({"user_id": "carol", "session_id": format!("c{}", i / 10),
-                "message_id": format!("c-{i}"), "speaker": if i % 2 == 0 { "Alice" } else { "Ana" },
-                "text": format!("Ana moved to Porto for the bakery job, my sister says, day {i}"),
-                "at": format!("2024-07-{:02}T10:00:00Z", 1 + i % 28)})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&file, lines.join("\n")).unwrap();
-    import::import_file(&svc, &file, ExtractMode::None, true, false)
-        .await
-        .unwrap();
+    import_carol(&svc, 120, |i| {
+        (
+            if i % 2 == 0 { "Alice" } else { "Ana" },
+            format!("Ana moved to Porto for the bakery job, my sister says, day {i}"),
+        )
+    })
+    .await;
     assert_eq!(run().await, before, "carol's dialogue moved alice's search");
     let carol = search::search(&svc, &req("carol", query, RankerKind::Hybrid))
         .await
@@ -1243,21 +1259,13 @@ async fn another_users_dialogue_never_moves_a_search(pool: PgPool) {
 async fn the_vector_index_finds_what_the_exact_scan_finds_and_keeps_the_wall(pool: PgPool) {
     let exact = service(&pool).await;
     import_fixture(&exact).await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("carol.jsonl");
-    let lines: Vec<String> = (0..200)
-        .map(|i| {
-            serde_json::json!({"user_id": "carol", "session_id": format!("c{}", i / 10),
-                "message_id": format!("c-{i}"), "speaker": "Carol",
-                "text": format!("My sister moved to Porto with her beagle puppy, note {i}"),
-                "at": format!("2024-07-{:02}T10:00:00Z", 1 + i % 28)})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&file, lines.join("\n")).unwrap();
-    import::import_file(&exact, &file, ExtractMode::None, true, false)
-        .await
-        .unwrap();
+    import_carol(&exact, 200, |i| {
+        (
+            "Carol",
+            format!("My sister moved to Porto with her beagle puppy, note {i}"),
+        )
+    })
+    .await;
     let mut index = exact.clone();
     index.config.exact_search_max = 0;
     for query in [
