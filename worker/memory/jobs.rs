@@ -179,6 +179,13 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     let Some(extractor) = svc.extractor.clone() else {
         return Ok(result);
     };
+    // The skip rule is the extraction's first step: such a message is done without the
+    // model, and the result says why.
+    if let Some(why) = super::extract::skip_reason(&cleaned) {
+        result["extracted"] = json!(true);
+        result["extract_skipped"] = json!(why);
+        return Ok(result);
+    }
     let (sp, tx) = (speaker.clone(), cleaned.clone());
     let facts = match tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await {
         Ok(Ok(f)) => f,

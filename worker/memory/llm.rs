@@ -37,7 +37,7 @@ impl LlmExtractor {
         std::thread::Builder::new()
             .name("kvmem-extract".into())
             .spawn(move || {
-                let mut ctx = match extractor.engine().new_context() {
+                let mut ctx = match extractor.new_context() {
                     Ok(ctx) => {
                         let _ = ready_tx.send(Ok(()));
                         ctx

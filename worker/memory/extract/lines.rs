@@ -1,0 +1,661 @@
+//! The extraction answer as plain lines: "- <name> <fact>", one fact per line. A small
+//! model writes a short list far faster than JSON whose fixed keys it must decode one token
+//! at a time, and it copies the message better than it fills typed fields; the fact's type,
+//! kind and entity come from rules over the line instead, and its subject is checked
+//! against the message and the speaker.
+
+use super::super::filters::{
+    check_fact, clean_text, dedup_key, has_negation, ungrounded_words, FactType, Reason, Verdict,
+};
+use super::{slug, Extraction, FactCandidate, MemoryKind, MAX_FACTS};
+
+/// One to four lines, each a bullet, a capital, then up to 120 characters: the grammar
+/// guarantees the parse, the model decides how many facts (at least one: whether a
+/// message holds a fact is the filters' call, after the skip rule).
+pub const LINES_GRAMMAR: &str = r#"
+root ::= line{1,4}
+line ::= "- " [A-Z] [^\n]{4,118} "\n"
+"#;
+
+pub const LINES_SYSTEM: &str = "List what the chat message tells about people: one fact per \
+line, each a short sentence that starts with the person's name and copies the message's \
+words. A fact about the speaker starts with the speaker's name; a fact about someone the \
+speaker names starts with that person's name. Keep \"not\" and \"never\".\n\
+Example: \"Dana: I moved to Oslo in May, I don't eat meat and my brother Tom teaches chemistry.\" \
+gives:\n- Dana moved to Oslo in May.\n- Dana does not eat meat.\n- Dana's brother is Tom.\n- Tom teaches chemistry.";
+
+/// Words a third-person rewrite adds that the message need not hold.
+const LINKING: &[&str] = &[
+    "live", "lives", "work", "works", "named", "called", "name", "likes", "like", "loves",
+    "enjoys", "wants", "plans", "used", "owns", "got", "gets", "goes", "said", "says", "started",
+];
+
+const RELATIONS: &[&str] = &[
+    "sister",
+    "brother",
+    "mom",
+    "mum",
+    "mother",
+    "dad",
+    "father",
+    "wife",
+    "husband",
+    "partner",
+    "girlfriend",
+    "boyfriend",
+    "son",
+    "daughter",
+    "kid",
+    "kids",
+    "friend",
+    "coworker",
+    "colleague",
+    "boss",
+    "manager",
+    "roommate",
+    "flatmate",
+    "cousin",
+    "aunt",
+    "uncle",
+    "grandma",
+    "grandmother",
+    "grandpa",
+    "grandfather",
+    "fiance",
+    "fiancee",
+    "neighbour",
+    "neighbor",
+    "niece",
+    "nephew",
+    "parents",
+    "family",
+    "married",
+    "grandson",
+    "granddaughter",
+    "grandkid",
+    "stepson",
+    "stepdaughter",
+    "stepmom",
+    "stepdad",
+    "bestie",
+    "housemate",
+    "teammate",
+    "classmate",
+    "ex",
+    "dog",
+    "cat",
+    "puppy",
+    "kitten",
+];
+const PREFERENCES: &[&str] = &[
+    "like",
+    "likes",
+    "love",
+    "loves",
+    "hate",
+    "hates",
+    "enjoy",
+    "enjoys",
+    "prefer",
+    "prefers",
+    "favourite",
+    "favorite",
+    "allergic",
+    "fan",
+    "dislike",
+    "dislikes",
+    "vegetarian",
+    "vegan",
+];
+const PROJECTS: &[&str] = &[
+    "building",
+    "project",
+    "app",
+    "startup",
+    "writing",
+    "developing",
+    "launch",
+    "launching",
+    "thesis",
+    "novel",
+    "studying",
+    "training",
+];
+
+/// Turns the model's lines into filtered facts: every line runs through seed 002's filters
+/// with `"<speaker>: <text>"` as the source, then the subject rule (the fact starts with
+/// the speaker's name or a name the message holds), strict grounding (every content word
+/// in the message but the rewrite's linking verbs) and the negation rule. Pure, so it is
+/// tested on hand-written answers.
+pub fn postprocess(raw: &str, speaker: &str, text: &str, truncated: bool) -> Extraction {
+    let mut ex = Extraction {
+        raw: raw.to_string(),
+        truncated,
+        ..Extraction::default()
+    };
+    let source = format!("{speaker}: {text}");
+    let mut seen = Vec::new();
+    for line in raw.lines().map(|l| third_person(&clean_text(l), speaker)) {
+        if line.is_empty() {
+            continue;
+        }
+        let fact_type = type_of(&line);
+        let clean = match check_fact(&line, fact_type.as_str(), None, &source) {
+            Verdict::Accepted(c) => c,
+            Verdict::Rejected(r) => {
+                ex.rejected.record(&r);
+                continue;
+            }
+        };
+        let subject = match subject_of(&clean.text, speaker, text) {
+            Ok(s) => s,
+            Err(r) => {
+                ex.rejected.record(&r);
+                continue;
+            }
+        };
+        if let Some(r) = strict_reason(&clean.text, &subject, &source) {
+            ex.rejected.record(&r);
+            continue;
+        }
+        let key = dedup_key(&clean.text);
+        if seen.contains(&key) {
+            ex.rejected.record(&Reason::Duplicate);
+            continue;
+        }
+        if ex.facts.len() >= MAX_FACTS {
+            ex.rejected.record(&Reason::OverCap);
+            continue;
+        }
+        seen.push(key);
+        ex.facts
+            .push(candidate(clean.text, fact_type, &subject, speaker, text));
+    }
+    ex
+}
+
+/// Candidate lines read off the message itself, beside the model's: each first-person
+/// clause in the third person ("i swim every morning" is "Sam swims every morning"), and
+/// "my sister hana …" as the relation ("Sam's sister is hana") and a clause about hana.
+/// The same filters judge them; they cost no model time.
+pub fn clause_lines(speaker: &str, text: &str) -> Vec<String> {
+    let name = speaker.split_whitespace().next().unwrap_or(speaker);
+    let mut out = Vec::new();
+    for clause in message_clauses(text) {
+        let words: Vec<&str> = clause.split_whitespace().collect();
+        let lower: Vec<String> = words.iter().map(|w| w.to_lowercase()).collect();
+        if let Some(i) = (0..lower.len().saturating_sub(2))
+            .find(|&i| lower[i] == "my" && RELATIONS.contains(&lower[i + 1].as_str()))
+        {
+            let rel = &lower[i + 1];
+            let who = capitalised(words[i + 2]);
+            if !COMMON.contains(&lower[i + 2].as_str()) {
+                out.push(format!("{who} is {name}'s {rel}."));
+                let rest = words[i + 3..].join(" ");
+                if i == 0 && !rest.is_empty() {
+                    out.push(rewrite_first_person(&format!("{who} {rest}"), name));
+                }
+                continue;
+            }
+        }
+        let first = lower.first().map(String::as_str).unwrap_or("");
+        if matches!(first, "i" | "im" | "i'm" | "ive" | "i've" | "my") && words.len() >= 3 {
+            out.push(rewrite_first_person(&clause, name));
+        }
+    }
+    out
+}
+
+fn capitalised(w: &str) -> String {
+    let mut c = w.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
+}
+
+/// Words that follow "my sister" without being her name.
+const COMMON: &[&str] = &[
+    "is", "was", "and", "has", "had", "just", "who", "works", "lives", "said", "says", "got",
+    "and", "will", "would", "still", "also", "really", "in", "at", "from", "of", "to", "the", "a",
+    "an", "are", "were", "does", "did", "can", "cant", "dont", "never", "always", "thinks",
+];
+
+/// The message cut into clauses at sentence ends, commas and "but" / "so".
+fn message_clauses(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in text.split(['.', ',', ';', '!', '?', '\n']) {
+        let mut cur: Vec<&str> = Vec::new();
+        for w in part.split_whitespace() {
+            if matches!(w.to_lowercase().as_str(), "but" | "so" | "tho" | "though") {
+                out.push(cur.join(" "));
+                cur.clear();
+            } else {
+                cur.push(w);
+            }
+        }
+        out.push(cur.join(" "));
+    }
+    out.retain(|c| c.split_whitespace().count() >= 3);
+    out
+}
+
+/// The model's line as a third-person fact about its subject. Small models echo the
+/// message: "Rosa: my two kids are 7 and 4" becomes "Rosa's two kids are 7 and 4", "Sam:
+/// I'm a nurse" becomes "Sam is a nurse", and a misspelt speaker ("Nara" for Nora) is the
+/// speaker. What stays first person is rejected by the subject rule.
+pub fn third_person(line: &str, speaker: &str) -> String {
+    let speaker_first = speaker.split_whitespace().next().unwrap_or(speaker);
+    let (name, rest) = match line.split_once(':') {
+        Some((n, r)) if n.split_whitespace().count() == 1 && !r.trim().is_empty() => {
+            (Some(n.trim()), r.trim())
+        }
+        _ => (None, line.trim()),
+    };
+    let name = name.map(|n| {
+        if near_name(n, speaker_first) {
+            speaker_first
+        } else {
+            n
+        }
+    });
+    let rest = fix_leading_name(rest, speaker_first);
+    let subject = name.unwrap_or(speaker_first);
+    let rewritten = rewrite_first_person(&rest, subject);
+    match name {
+        Some(n) if !starts_with_name(&rewritten, n) => format!("{n}: {rewritten}"),
+        _ => rewritten,
+    }
+}
+
+/// A leading word one letter off the speaker's name is the speaker's name.
+fn fix_leading_name(text: &str, speaker: &str) -> String {
+    let first = text.split_whitespace().next().unwrap_or("");
+    let bare = first
+        .trim_end_matches("'s")
+        .trim_end_matches(['.', ',', ':']);
+    if bare != speaker && near_name(bare, speaker) {
+        return text.replacen(bare, speaker, 1);
+    }
+    text.to_string()
+}
+
+fn starts_with_name(text: &str, name: &str) -> bool {
+    let first = text.split_whitespace().next().unwrap_or("");
+    let bare = first
+        .trim_end_matches("'s")
+        .trim_end_matches(['.', ',', ':']);
+    bare.eq_ignore_ascii_case(name)
+}
+
+/// Same length, one letter different, four letters or more: a misspelling of `name`.
+fn near_name(word: &str, name: &str) -> bool {
+    let (a, b): (Vec<char>, Vec<char>) = (
+        word.to_lowercase().chars().collect(),
+        name.to_lowercase().chars().collect(),
+    );
+    a.len() == b.len() && a.len() >= 4 && a.iter().zip(&b).filter(|(x, y)| x != y).count() <= 1
+}
+
+/// "I", "me" and "my" as `name`, with the verb after "I" agreeing ("I swim" is "Sam swims",
+/// "I don't" is "Sam does not").
+fn rewrite_first_person(text: &str, name: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut after_i = false;
+    for w in text.split_whitespace() {
+        let (core, tail) = split_punct(w);
+        let lower = core.to_lowercase().replace('’', "'");
+        let replaced: Option<String> = match lower.as_str() {
+            "i" => Some(name.to_string()),
+            "i'm" | "im" => Some(format!("{name} is")),
+            "i've" | "ive" => Some(format!("{name} has")),
+            "i'll" => Some(format!("{name} will")),
+            "i'd" => Some(format!("{name} would")),
+            "me" => Some(name.to_string()),
+            "my" | "mine" => Some(format!("{name}'s")),
+            "myself" => Some(name.to_string()),
+            _ => None,
+        };
+        if let Some(r) = replaced {
+            after_i = lower == "i";
+            out.push(format!("{r}{tail}"));
+            continue;
+        }
+        if after_i {
+            if ADVERBS.contains(&lower.as_str()) {
+                out.push(w.to_string());
+                continue;
+            }
+            out.push(format!("{}{tail}", agree(&lower, core)));
+            after_i = false;
+            continue;
+        }
+        out.push(w.to_string());
+    }
+    out.join(" ")
+}
+
+const ADVERBS: &[&str] = &[
+    "just",
+    "really",
+    "still",
+    "also",
+    "never",
+    "always",
+    "usually",
+    "mostly",
+    "barely",
+    "often",
+    "sometimes",
+    "actually",
+    "only",
+    "basically",
+    "kinda",
+    "totally",
+    "even",
+];
+
+/// A first-person present verb in the third person; anything else as it was.
+fn agree(lower: &str, original: &str) -> String {
+    const KEEP: &[&str] = &[
+        "can", "cant", "can't", "cannot", "will", "wont", "won't", "would", "could", "should",
+        "must", "might", "may", "was", "did", "didnt", "didn't", "had", "got", "used",
+    ];
+    match lower {
+        "am" => "is".into(),
+        "have" => "has".into(),
+        "do" => "does".into(),
+        "dont" | "don't" => "does not".into(),
+        "haven't" | "havent" => "has not".into(),
+        "were" => "was".into(),
+        "go" => "goes".into(),
+        _ if KEEP.contains(&lower)
+            || lower.ends_with("ed")
+            || lower.ends_with('s')
+            || !lower.chars().all(|c| c.is_ascii_alphabetic()) =>
+        {
+            original.to_string()
+        }
+        _ if lower.ends_with("sh") || lower.ends_with("ch") || lower.ends_with('x') => {
+            format!("{original}es")
+        }
+        _ if lower.ends_with('y')
+            && !lower.ends_with("ay")
+            && !lower.ends_with("ey")
+            && !lower.ends_with("oy") =>
+        {
+            format!("{}ies", &original[..original.len() - 1])
+        }
+        _ => format!("{original}s"),
+    }
+}
+
+/// A word and its trailing punctuation.
+fn split_punct(w: &str) -> (&str, &str) {
+    let cut = w
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| matches!(c, '.' | ',' | ';' | ':' | '!' | '?'))
+        .last()
+        .map_or(w.len(), |(i, _)| i);
+    (&w[..cut], &w[cut..])
+}
+
+/// The fact with its entity: a fact about someone other than the speaker is about that
+/// person, and a relationship names people the message names.
+fn candidate(
+    text: String,
+    fact_type: FactType,
+    subject: &str,
+    speaker: &str,
+    message: &str,
+) -> FactCandidate {
+    let third = !same_name(subject, speaker);
+    let mut refs = Vec::new();
+    if third {
+        refs.push(format!("person:{}", slug(subject)));
+    }
+    if fact_type == FactType::Relationship {
+        for name in names_in(&text).into_iter().skip(1) {
+            let key = format!("person:{}", slug(&name));
+            if !same_name(&name, speaker) && mentions(message, &name) && !refs.contains(&key) {
+                refs.push(key);
+            }
+        }
+    }
+    let kind = match fact_type {
+        _ if third => MemoryKind::People,
+        FactType::Relationship => MemoryKind::People,
+        FactType::Project => MemoryKind::Project,
+        _ => MemoryKind::Profile,
+    };
+    FactCandidate {
+        text,
+        fact_type,
+        kind,
+        entity_type: third.then(|| "person".to_string()),
+        entity_label: third.then(|| subject.to_string()),
+        entity_refs: refs,
+        importance: 1,
+        confidence: 0.7,
+        evidence: None,
+    }
+}
+
+/// The fact's type by its words: relations, then likes, then projects, else profile.
+fn type_of(line: &str) -> FactType {
+    let words = lower_words(line);
+    let any = |set: &[&str]| words.iter().any(|w| set.contains(&w.as_str()));
+    if any(RELATIONS) {
+        FactType::Relationship
+    } else if any(PREFERENCES) {
+        FactType::Preference
+    } else if any(PROJECTS) {
+        FactType::Project
+    } else {
+        FactType::Profile
+    }
+}
+
+/// Whom the fact is about: its leading name ("Sam's sister …" is about Sam's sister, and
+/// starts with Sam). The speaker, or a name the message holds; never "I" or "my".
+fn subject_of(fact: &str, speaker: &str, message: &str) -> Result<String, Reason> {
+    let first = fact
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .trim_end_matches(['.', ',', ':', ';', '!', '?']);
+    let name = first
+        .strip_suffix("'s")
+        .or_else(|| first.strip_suffix("’s"))
+        .unwrap_or(first);
+    let pronoun = matches!(
+        name.to_lowercase().as_str(),
+        "i" | "im"
+            | "i'm"
+            | "my"
+            | "me"
+            | "we"
+            | "our"
+            | "you"
+            | "your"
+            | "he"
+            | "she"
+            | "they"
+            | "his"
+            | "her"
+            | "their"
+            | "the"
+            | "a"
+            | "an"
+            | "user"
+            | "speaker"
+    );
+    if pronoun || name.is_empty() {
+        return Err(Reason::Subject);
+    }
+    if same_name(name, speaker) || mentions(message, name) {
+        Ok(name.to_string())
+    } else {
+        Err(Reason::Subject)
+    }
+}
+
+/// The issue's stricter rules over a fact that passed seed 002's: no content word outside
+/// the message (the subject and the rewrite's linking verbs aside), and no negation lost.
+fn strict_reason(fact: &str, subject: &str, source: &str) -> Option<Reason> {
+    let extra: Vec<String> = ungrounded_words(fact, source)
+        .into_iter()
+        .filter(|w| !LINKING.contains(&w.as_str()) && !same_name(w, subject))
+        .collect();
+    if !extra.is_empty() {
+        return Some(Reason::Ungrounded);
+    }
+    if !has_negation(fact) && negated_clause_holds(fact, source) {
+        return Some(Reason::NegationLost);
+    }
+    None
+}
+
+/// Whether the message clause this fact restates carries a negation: the clause with the
+/// most of the fact's words, when it holds at least half of them.
+fn negated_clause_holds(fact: &str, message: &str) -> bool {
+    let fact_words = lower_words(fact);
+    let best = clauses(message)
+        .into_iter()
+        .map(|c| {
+            let cw = lower_words(&c);
+            let hits = fact_words
+                .iter()
+                .filter(|w| w.len() > 2 && cw.contains(w))
+                .count();
+            (hits, c)
+        })
+        .max_by_key(|(h, _)| *h);
+    match best {
+        Some((hits, clause)) => {
+            let long = fact_words.iter().filter(|w| w.len() > 2).count().max(1);
+            hits * 2 >= long && has_negation(&clause)
+        }
+        None => false,
+    }
+}
+
+/// The message cut at punctuation and at "but" / "and": a negation holds in its clause.
+fn clauses(message: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for part in message.split(['.', ',', ';', '!', '?', '\n']) {
+        let mut cur: Vec<&str> = Vec::new();
+        for w in part.split_whitespace() {
+            if matches!(
+                w.to_lowercase().as_str(),
+                "but" | "and" | "though" | "although"
+            ) {
+                out.push(cur.join(" "));
+                cur.clear();
+            } else {
+                cur.push(w);
+            }
+        }
+        out.push(cur.join(" "));
+    }
+    out.retain(|c| !c.trim().is_empty());
+    out
+}
+
+fn lower_words(s: &str) -> Vec<String> {
+    s.replace(['\'', '’'], "")
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Capitalised words of the fact, possessives stripped, in order.
+fn names_in(fact: &str) -> Vec<String> {
+    fact.split(|c: char| !(c.is_alphanumeric() || c == '\''))
+        .map(|w| w.trim_end_matches("'s").trim_matches('\''))
+        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The message holds `name` as a whole word, any case.
+fn mentions(message: &str, name: &str) -> bool {
+    lower_words(message).contains(&name.to_lowercase())
+}
+
+/// Two names are the same person's when their first words match, any case.
+fn same_name(a: &str, b: &str) -> bool {
+    let first = |s: &str| s.split_whitespace().next().unwrap_or("").to_lowercase();
+    !a.trim().is_empty() && first(a) == first(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MSG: &str = "My sister Priya lives in Lisbon and works as a nurse.";
+
+    #[test]
+    fn lines_keep_grounded_facts_about_named_people() {
+        let raw = "- Sam's sister is Priya.\n- Priya lives in Lisbon.\n- Priya works as a nurse in Madrid.\n- I have a sister.\n- Maria is a nurse.\n- She lives in Lisbon.\n- Priya lives in Lisbon.\n";
+        let ex = postprocess(raw, "Sam", MSG, false);
+        let texts: Vec<&str> = ex.facts.iter().map(|f| f.text.as_str()).collect();
+        // "I have a sister" is the speaker's, in the third person.
+        assert_eq!(
+            texts,
+            [
+                "Sam's sister is Priya.",
+                "Priya lives in Lisbon.",
+                "Sam has a sister."
+            ]
+        );
+        assert_eq!(ex.facts[0].fact_type, FactType::Relationship);
+        assert_eq!(ex.facts[0].kind, MemoryKind::People);
+        assert_eq!(ex.facts[0].entity_refs, ["person:priya"]);
+        assert_eq!(ex.facts[0].entity_label, None, "about Sam, naming Priya");
+        assert_eq!(ex.facts[1].entity_label.as_deref(), Some("Priya"));
+        assert_eq!(ex.facts[1].entity_refs, ["person:priya"]);
+        assert_eq!(
+            ex.rejected.ungrounded, 2,
+            "Madrid, Maria: {:?}",
+            ex.rejected
+        );
+        assert_eq!(ex.rejected.subject, 1, "she: whom?");
+        assert_eq!(ex.rejected.duplicate, 1);
+    }
+
+    #[test]
+    fn a_lost_negation_is_rejected_and_a_kept_one_stays() {
+        let msg = "I love my job but I don't drink coffee after 3pm anymore.";
+        let ex = postprocess(
+            "- Jonas drinks coffee after 3pm.\n- Jonas does not drink coffee after 3pm.\n- Jonas loves his job.\n",
+            "Jonas",
+            msg,
+            false,
+        );
+        let texts: Vec<&str> = ex.facts.iter().map(|f| f.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "Jonas does not drink coffee after 3pm.",
+                "Jonas loves his job."
+            ]
+        );
+        assert_eq!(ex.rejected.negation_lost, 1);
+        assert_eq!(ex.facts[1].fact_type, FactType::Preference);
+    }
+
+    #[test]
+    fn at_most_four_facts() {
+        let msg = "I like tea, coffee, cocoa, juice and milk.";
+        let raw: String = ["tea", "coffee", "cocoa", "juice", "milk"]
+            .map(|d| format!("- Al likes {d}.\n"))
+            .concat();
+        let ex = postprocess(&raw, "Al", msg, false);
+        assert_eq!(ex.facts.len(), MAX_FACTS);
+        assert_eq!(ex.rejected.over_cap, 1);
+        assert!(postprocess("", "Al", msg, false).facts.is_empty());
+    }
+}

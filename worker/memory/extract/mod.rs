@@ -1,0 +1,313 @@
+//! Fact extraction on llama.cpp: a small local model lists what a message tells about
+//! people, one line per fact ([`lines`]), a GBNF grammar guarantees the list parses, and
+//! seed 002's filters plus the subject, strict-grounding and negation rules decide what may
+//! be stored. Messages with nothing to remember skip the model ([`skip`]). Also seed 004's
+//! memory-blob merge, and the constrained-generation helper they share ([`generate`]).
+//!
+//! Decoding is greedy with a mild repetition penalty: deterministic, and small models stop
+//! looping. Calls are synchronous; run them on the thread that owns the context.
+
+mod generate;
+pub mod lines;
+pub mod skip;
+
+use std::sync::Arc;
+
+pub use generate::{generate, generate_warm, generate_yielding, Ask, WarmContext};
+pub use lines::{postprocess, LINES_GRAMMAR, LINES_SYSTEM};
+pub use skip::skip_reason;
+
+use super::filters::{clean_text, is_text_grounded_in_source, FactType, RejectCounts};
+use crate::engine::Engine;
+
+/// Seed 002: at most 4 facts per message.
+pub const MAX_FACTS: usize = 4;
+/// Token budget for one extraction: four lines of up to 120 characters fit, and a list
+/// cut off by it keeps its complete lines.
+pub const EXTRACT_MAX_TOKENS: u32 = 160;
+/// Longest merged memory blob kept, in characters (seed 004's "bounded growth").
+pub const MAX_BLOB_CHARS: usize = 1200;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExtractError {
+    #[error("llama.cpp refused the grammar: {0}")]
+    Grammar(String),
+    #[error("prompt of {prompt} tokens plus {max_tokens} to generate does not fit the context of {n_ctx}")]
+    TooLong {
+        prompt: usize,
+        max_tokens: u32,
+        n_ctx: u32,
+    },
+    #[error("decode failed: {0}")]
+    Decode(String),
+}
+
+/// Seed 001's memory kinds: the store's own type.
+pub use super::store::Kind as MemoryKind;
+
+/// A fact that passed the filters, with seed 001's entity fields.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FactCandidate {
+    pub text: String,
+    pub fact_type: FactType,
+    pub kind: MemoryKind,
+    /// `person`, `place`, `org` or `project`.
+    pub entity_type: Option<String>,
+    pub entity_label: Option<String>,
+    /// `<type>:<slug>` keys, seed 001's slug rules.
+    pub entity_refs: Vec<String>,
+    /// 0..=3.
+    pub importance: i16,
+    /// 0.0..=1.0.
+    pub confidence: f32,
+    pub evidence: Option<String>,
+}
+
+/// The outcome for one message.
+#[derive(Debug, Clone, Default)]
+pub struct Extraction {
+    pub facts: Vec<FactCandidate>,
+    pub rejected: RejectCounts,
+    /// The model's raw answer, for logs and the benchmark.
+    pub raw: String,
+    /// The answer hit the token budget; its last, cut-off line went through the filters
+    /// like the others.
+    pub truncated: bool,
+    /// Why the model never saw the message ([`skip_reason`]), if it did not.
+    pub skipped: Option<&'static str>,
+    /// Candidates read off the message's own clauses ([`lines::clause_lines`]), judged
+    /// by the same filters before the model's lines.
+    pub rule_lines: Vec<String>,
+}
+
+/// Seed 001's slug: lowercase, punctuation removed, spaces and hyphens become `_`.
+pub fn slug(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars().flat_map(char::to_lowercase) {
+        if c.is_alphanumeric() {
+            out.push(c);
+        } else if (c.is_whitespace() || c == '-' || c == '_') && !out.ends_with('_') {
+            out.push('_');
+        }
+    }
+    out.trim_matches('_').to_string()
+}
+
+const MERGE_SYSTEM: &str = "You keep a short memory about a person, written in the third person. \
+You are given the current memory and one new fact. Rewrite the memory so that it includes the new \
+fact. When the new fact contradicts the memory, the new fact wins and the old statement is removed. \
+Keep every other statement. Answer with the updated memory only: plain sentences, no list, no \
+commentary.";
+
+/// Extraction with one loaded model; the model can differ from the chat model (seed 002's
+/// memoryLlm) because it is just another [`Engine`].
+pub struct Extractor {
+    engine: Arc<Engine>,
+    /// Token budget per message; see [`EXTRACT_MAX_TOKENS`].
+    pub max_tokens: u32,
+}
+
+impl Extractor {
+    pub fn new(engine: Arc<Engine>) -> Extractor {
+        Extractor {
+            engine,
+            max_tokens: EXTRACT_MAX_TOKENS,
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// A context for this extractor's calls; it keeps the instruction's KV between them.
+    pub fn new_context(&self) -> Result<WarmContext, crate::engine::EngineError> {
+        self.engine.new_context().map(WarmContext::new)
+    }
+
+    /// Durable, grounded facts from one message, at most [`MAX_FACTS`]; none, without a
+    /// model call, for a message the skip rule turns away. `ctx` must come from
+    /// [`Extractor::new_context`].
+    pub fn extract(
+        &self,
+        ctx: &mut WarmContext,
+        speaker: &str,
+        text: &str,
+    ) -> Result<Extraction, ExtractError> {
+        if let Some(why) = skip_reason(text) {
+            let mut ex = Extraction {
+                skipped: Some(why),
+                ..Extraction::default()
+            };
+            ex.rejected.skipped = 1;
+            return Ok(ex);
+        }
+        let user = format!("{speaker}: {}", clean_text(text));
+        let ask = Ask {
+            system: LINES_SYSTEM,
+            user: &user,
+            grammar: Some(LINES_GRAMMAR),
+            max_tokens: self.max_tokens,
+        };
+        let whole = self.engine.params.n_batch as usize;
+        let (raw, truncated) = generate_warm(&self.engine, ctx, &ask, whole, &mut || {})?;
+        let rule_lines = lines::clause_lines(speaker, text);
+        let mut all = rule_lines.clone();
+        all.extend(raw.lines().map(str::to_string));
+        let mut ex = postprocess(&all.join("\n"), speaker, text, truncated);
+        ex.raw = raw;
+        ex.rule_lines = rule_lines;
+        Ok(ex)
+    }
+
+    /// Seed 004's remember: merges `fact` into the third-person `blob` about `subject`
+    /// (temperature 0, newer information wins), at most [`MAX_BLOB_CHARS`]. If the model
+    /// loses the new fact, it is appended: a remembered fact is never silently dropped.
+    pub fn merge_blob(
+        &self,
+        ctx: &mut WarmContext,
+        subject: &str,
+        blob: &str,
+        fact: &str,
+    ) -> Result<String, ExtractError> {
+        let fact = clean_text(fact);
+        let blob = clean_text(blob);
+        let user = format!(
+            "Person: {subject}\nCurrent memory: {}\nNew fact: {fact}\nUpdated memory:",
+            if blob.is_empty() { "(empty)" } else { &blob }
+        );
+        let out = self.answer(ctx, MERGE_SYSTEM, &user, None, (MAX_BLOB_CHARS / 3) as u32)?;
+        Ok(finish_blob(&out, &fact))
+    }
+
+    /// Seed 004's "remember this about X": one third-person sentence about `name` from
+    /// what the user said about them. Greedy, one line; the caller grounds it.
+    pub fn summarize_about(
+        &self,
+        ctx: &mut WarmContext,
+        name: &str,
+        said: &str,
+    ) -> Result<String, ExtractError> {
+        let user = format!(
+            "Person: {name}\nWhat the user said: {}\nFact:",
+            clean_text(said)
+        );
+        let out = self.answer(ctx, ABOUT_SYSTEM, &user, Some(ABOUT_GRAMMAR), 96)?;
+        Ok(clean_text(&out))
+    }
+
+    fn answer(
+        &self,
+        ctx: &mut WarmContext,
+        system: &str,
+        user: &str,
+        grammar: Option<&str>,
+        max_tokens: u32,
+    ) -> Result<String, ExtractError> {
+        let ask = Ask {
+            system,
+            user,
+            grammar,
+            max_tokens,
+        };
+        let whole = self.engine.params.n_batch as usize;
+        generate_warm(&self.engine, ctx, &ask, whole, &mut || {}).map(|(s, _)| s)
+    }
+}
+
+const ABOUT_SYSTEM: &str = "You write one short fact about a person, in the third person, using \
+the person's name and only words from what the user said. Answer with the fact only.";
+
+/// One sentence, no line breaks or quotes.
+const ABOUT_GRAMMAR: &str = r#"
+root ::= [A-Z] [^\n"]{8,300} "."
+"#;
+
+/// Whitespace collapsed, the new fact appended when the model's text does not contain it,
+/// then the oldest sentences not carrying the new fact dropped until it fits
+/// [`MAX_BLOB_CHARS`] (newer information wins the space too).
+pub fn finish_blob(model_text: &str, fact: &str) -> String {
+    let mut text = clean_text(model_text);
+    if !fact.is_empty() && !is_text_grounded_in_source(fact, &text) {
+        if !text.is_empty() && !text.ends_with(['.', '!', '?']) {
+            text.push('.');
+        }
+        text = clean_text(&format!("{text} {fact}"));
+    }
+    let mut sentences: Vec<String> = split_sentences(&text);
+    while sentences
+        .iter()
+        .map(|s| s.chars().count() + 1)
+        .sum::<usize>()
+        > MAX_BLOB_CHARS + 1
+    {
+        let victim = sentences
+            .iter()
+            .position(|s| !is_text_grounded_in_source(fact, s));
+        match victim {
+            Some(i) if sentences.len() > 1 => {
+                sentences.remove(i);
+            }
+            _ => break,
+        }
+    }
+    let text = sentences.join(" ");
+    if text.chars().count() <= MAX_BLOB_CHARS {
+        return text;
+    }
+    text.chars().take(MAX_BLOB_CHARS).collect()
+}
+
+fn split_sentences(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for c in text.chars() {
+        cur.push(c);
+        if matches!(c, '.' | '!' | '?') {
+            out.push(cur.trim().to_string());
+            cur.clear();
+        }
+    }
+    if !cur.trim().is_empty() {
+        out.push(cur.trim().to_string());
+    }
+    out.retain(|s| !s.is_empty());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_follow_seed_001() {
+        assert_eq!(slug("John Doe"), "john_doe");
+        assert_eq!(slug("Acme Corp."), "acme_corp");
+        assert_eq!(slug("Austin, Texas"), "austin_texas");
+        assert_eq!(slug("dashboard-redesign"), "dashboard_redesign");
+        assert_eq!(slug("  O'Brien -- Jr. "), "obrien_jr");
+        assert_eq!(slug("São Paulo"), "são_paulo");
+        assert_eq!(slug("!!"), "");
+    }
+
+    #[test]
+    fn merged_blob_keeps_the_new_fact_and_its_bound() {
+        assert_eq!(
+            finish_blob(
+                "Sam lives in Porto.\n\nSam   is a nurse.",
+                "Sam lives in Porto"
+            ),
+            "Sam lives in Porto. Sam is a nurse."
+        );
+        // The model lost the new fact: it is appended.
+        assert_eq!(
+            finish_blob("Sam is a nurse", "Sam has a dog named Rex."),
+            "Sam is a nurse. Sam has a dog named Rex."
+        );
+        // Over the bound: the oldest sentences go, the new fact stays.
+        let old = "Sam once visited a small town by the sea. ".repeat(40);
+        let out = finish_blob(&old, "Sam has a dog named Rex.");
+        assert!(out.chars().count() <= MAX_BLOB_CHARS);
+        assert!(out.ends_with("Sam has a dog named Rex."));
+        assert!(out.starts_with("Sam once visited"));
+    }
+}
