@@ -7,7 +7,14 @@
 use super::super::filters::{
     check_fact, clean_text, dedup_key, has_negation, ungrounded_words, FactType, Reason, Verdict,
 };
-use super::{slug, Extraction, FactCandidate, MemoryKind, MAX_FACTS};
+use super::subject::{
+    candidate, named_relations, relation_in, resolve_relation, subject_of, third_party_only,
+};
+use super::words::{
+    lower_words, same_name, split_clauses, ADVERBS, CLAUSE_JOINS, LINKING, NEGATION_JOINS, PETS,
+    PREFERENCES, PROJECTS, RELATIONS,
+};
+use super::{Extraction, MAX_FACTS};
 
 /// One to four lines, each a bullet, a capital, then up to 120 characters: the grammar
 /// guarantees the parse, the model decides how many facts (at least one: whether a
@@ -24,104 +31,6 @@ speaker names starts with that person's name. Keep \"not\" and \"never\".\n\
 Example: \"Dana: I moved to Oslo in May, I don't eat meat and my brother Tom teaches chemistry.\" \
 gives:\n- Dana moved to Oslo in May.\n- Dana does not eat meat.\n- Dana's brother is Tom.\n- Tom teaches chemistry.";
 
-/// Words a third-person rewrite adds that the message need not hold.
-const LINKING: &[&str] = &[
-    "live", "lives", "work", "works", "named", "called", "name", "likes", "like", "loves",
-    "enjoys", "wants", "plans", "used", "owns", "got", "gets", "goes", "said", "says", "started",
-];
-
-const RELATIONS: &[&str] = &[
-    "sister",
-    "brother",
-    "mom",
-    "mum",
-    "mother",
-    "dad",
-    "father",
-    "wife",
-    "husband",
-    "partner",
-    "girlfriend",
-    "boyfriend",
-    "son",
-    "daughter",
-    "kid",
-    "kids",
-    "friend",
-    "coworker",
-    "colleague",
-    "boss",
-    "manager",
-    "roommate",
-    "flatmate",
-    "cousin",
-    "aunt",
-    "uncle",
-    "grandma",
-    "grandmother",
-    "grandpa",
-    "grandfather",
-    "fiance",
-    "fiancee",
-    "neighbour",
-    "neighbor",
-    "niece",
-    "nephew",
-    "parents",
-    "family",
-    "married",
-    "grandson",
-    "granddaughter",
-    "grandkid",
-    "stepson",
-    "stepdaughter",
-    "stepmom",
-    "stepdad",
-    "bestie",
-    "housemate",
-    "teammate",
-    "classmate",
-    "ex",
-    "dog",
-    "cat",
-    "puppy",
-    "kitten",
-];
-const PREFERENCES: &[&str] = &[
-    "like",
-    "likes",
-    "love",
-    "loves",
-    "hate",
-    "hates",
-    "enjoy",
-    "enjoys",
-    "prefer",
-    "prefers",
-    "favourite",
-    "favorite",
-    "allergic",
-    "fan",
-    "dislike",
-    "dislikes",
-    "vegetarian",
-    "vegan",
-];
-const PROJECTS: &[&str] = &[
-    "building",
-    "project",
-    "app",
-    "startup",
-    "writing",
-    "developing",
-    "launch",
-    "launching",
-    "thesis",
-    "novel",
-    "studying",
-    "training",
-];
-
 /// Turns the model's lines into filtered facts: every line runs through seed 002's filters
 /// with `"<speaker>: <text>"` as the source, then the subject rule (the fact starts with
 /// the speaker's name or a name the message holds), strict grounding (every content word
@@ -135,8 +44,16 @@ pub fn postprocess(raw: &str, speaker: &str, text: &str, truncated: bool) -> Ext
     };
     let source = format!("{speaker}: {text}");
     let mut seen = Vec::new();
+    let relations = named_relations(text);
     for line in raw.lines().map(|l| third_person(&clean_text(l), speaker)) {
         if line.is_empty() {
+            continue;
+        }
+        // "Rosa's husband works nights" about Rosa's husband Pablo, named in the message,
+        // is about Pablo.
+        let line = resolve_relation(&line, speaker, &relations);
+        if let Some(r) = shape_reason(&line, speaker) {
+            ex.rejected.record(&r);
             continue;
         }
         let fact_type = type_of(&line);
@@ -154,6 +71,10 @@ pub fn postprocess(raw: &str, speaker: &str, text: &str, truncated: bool) -> Ext
                 continue;
             }
         };
+        if third_party_only(&clean.text, &subject, speaker, text) {
+            ex.rejected.record(&Reason::Subject);
+            continue;
+        }
         if let Some(r) = strict_reason(&clean.text, &subject, &source) {
             ex.rejected.record(&r);
             continue;
@@ -181,61 +102,29 @@ pub fn postprocess(raw: &str, speaker: &str, text: &str, truncated: bool) -> Ext
 pub fn clause_lines(speaker: &str, text: &str) -> Vec<String> {
     let name = speaker.split_whitespace().next().unwrap_or(speaker);
     let mut out = Vec::new();
-    for clause in message_clauses(text) {
+    for clause in split_clauses(text, CLAUSE_JOINS)
+        .into_iter()
+        .filter(|c| c.split_whitespace().count() >= 3)
+    {
         let words: Vec<&str> = clause.split_whitespace().collect();
         let lower: Vec<String> = words.iter().map(|w| w.to_lowercase()).collect();
-        if let Some(i) = (0..lower.len().saturating_sub(2))
-            .find(|&i| lower[i] == "my" && RELATIONS.contains(&lower[i + 1].as_str()))
-        {
-            let rel = &lower[i + 1];
-            let who = capitalised(words[i + 2]);
-            if !COMMON.contains(&lower[i + 2].as_str()) {
+        if let Some((i, rel, Some(who))) = relation_in(&words) {
+            if PETS.contains(&rel.as_str()) {
+                out.push(format!("{name} has a {rel} named {who}."));
+            } else {
                 out.push(format!("{who} is {name}'s {rel}."));
-                let rest = words[i + 3..].join(" ");
-                if i == 0 && !rest.is_empty() {
-                    out.push(rewrite_first_person(&format!("{who} {rest}"), name));
-                }
-                continue;
             }
+            let rest = words[i + 3..].join(" ");
+            if i == 0 && !rest.is_empty() {
+                out.push(rewrite_first_person(&format!("{who} {rest}"), name));
+            }
+            continue;
         }
         let first = lower.first().map(String::as_str).unwrap_or("");
         if matches!(first, "i" | "im" | "i'm" | "ive" | "i've" | "my") && words.len() >= 3 {
             out.push(rewrite_first_person(&clause, name));
         }
     }
-    out
-}
-
-fn capitalised(w: &str) -> String {
-    let mut c = w.chars();
-    c.next()
-        .map(|f| f.to_uppercase().chain(c).collect())
-        .unwrap_or_default()
-}
-
-/// Words that follow "my sister" without being her name.
-const COMMON: &[&str] = &[
-    "is", "was", "and", "has", "had", "just", "who", "works", "lives", "said", "says", "got",
-    "and", "will", "would", "still", "also", "really", "in", "at", "from", "of", "to", "the", "a",
-    "an", "are", "were", "does", "did", "can", "cant", "dont", "never", "always", "thinks",
-];
-
-/// The message cut into clauses at sentence ends, commas and "but" / "so".
-fn message_clauses(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for part in text.split(['.', ',', ';', '!', '?', '\n']) {
-        let mut cur: Vec<&str> = Vec::new();
-        for w in part.split_whitespace() {
-            if matches!(w.to_lowercase().as_str(), "but" | "so" | "tho" | "though") {
-                out.push(cur.join(" "));
-                cur.clear();
-            } else {
-                cur.push(w);
-            }
-        }
-        out.push(cur.join(" "));
-    }
-    out.retain(|c| c.split_whitespace().count() >= 3);
     out
 }
 
@@ -334,26 +223,6 @@ fn rewrite_first_person(text: &str, name: &str) -> String {
     out.join(" ")
 }
 
-const ADVERBS: &[&str] = &[
-    "just",
-    "really",
-    "still",
-    "also",
-    "never",
-    "always",
-    "usually",
-    "mostly",
-    "barely",
-    "often",
-    "sometimes",
-    "actually",
-    "only",
-    "basically",
-    "kinda",
-    "totally",
-    "even",
-];
-
 /// A first-person present verb in the third person; anything else as it was.
 fn agree(lower: &str, original: &str) -> String {
     const KEEP: &[&str] = &[
@@ -400,47 +269,6 @@ fn split_punct(w: &str) -> (&str, &str) {
     (&w[..cut], &w[cut..])
 }
 
-/// The fact with its entity: a fact about someone other than the speaker is about that
-/// person, and a relationship names people the message names.
-fn candidate(
-    text: String,
-    fact_type: FactType,
-    subject: &str,
-    speaker: &str,
-    message: &str,
-) -> FactCandidate {
-    let third = !same_name(subject, speaker);
-    let mut refs = Vec::new();
-    if third {
-        refs.push(format!("person:{}", slug(subject)));
-    }
-    if fact_type == FactType::Relationship {
-        for name in names_in(&text).into_iter().skip(1) {
-            let key = format!("person:{}", slug(&name));
-            if !same_name(&name, speaker) && mentions(message, &name) && !refs.contains(&key) {
-                refs.push(key);
-            }
-        }
-    }
-    let kind = match fact_type {
-        _ if third => MemoryKind::People,
-        FactType::Relationship => MemoryKind::People,
-        FactType::Project => MemoryKind::Project,
-        _ => MemoryKind::Profile,
-    };
-    FactCandidate {
-        text,
-        fact_type,
-        kind,
-        entity_type: third.then(|| "person".to_string()),
-        entity_label: third.then(|| subject.to_string()),
-        entity_refs: refs,
-        importance: 1,
-        confidence: 0.7,
-        evidence: None,
-    }
-}
-
 /// The fact's type by its words: relations, then likes, then projects, else profile.
 fn type_of(line: &str) -> FactType {
     let words = lower_words(line);
@@ -456,47 +284,17 @@ fn type_of(line: &str) -> FactType {
     }
 }
 
-/// Whom the fact is about: its leading name ("Sam's sister …" is about Sam's sister, and
-/// starts with Sam). The speaker, or a name the message holds; never "I" or "my".
-fn subject_of(fact: &str, speaker: &str, message: &str) -> Result<String, Reason> {
-    let first = fact
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .trim_end_matches(['.', ',', ':', ';', '!', '?']);
-    let name = first
-        .strip_suffix("'s")
-        .or_else(|| first.strip_suffix("’s"))
-        .unwrap_or(first);
-    let pronoun = matches!(
-        name.to_lowercase().as_str(),
-        "i" | "im"
-            | "i'm"
-            | "my"
-            | "me"
-            | "we"
-            | "our"
-            | "you"
-            | "your"
-            | "he"
-            | "she"
-            | "they"
-            | "his"
-            | "her"
-            | "their"
-            | "the"
-            | "a"
-            | "an"
-            | "user"
-            | "speaker"
-    );
-    if pronoun || name.is_empty() {
-        return Err(Reason::Subject);
+/// Lines no fact has the shape of: under three words ("Luca will."), or still a transcript
+/// line of someone other than the speaker ("Sheffield: …").
+fn shape_reason(line: &str, speaker: &str) -> Option<Reason> {
+    if line.split_whitespace().count() < 3 {
+        return Some(Reason::TooShort);
     }
-    if same_name(name, speaker) || mentions(message, name) {
-        Ok(name.to_string())
-    } else {
-        Err(Reason::Subject)
+    match line.split_once(':') {
+        Some((who, _)) if who.split_whitespace().count() <= 3 && !same_name(who, speaker) => {
+            Some(Reason::Subject)
+        }
+        _ => None,
     }
 }
 
@@ -520,7 +318,7 @@ fn strict_reason(fact: &str, subject: &str, source: &str) -> Option<Reason> {
 /// most of the fact's words, when it holds at least half of them.
 fn negated_clause_holds(fact: &str, message: &str) -> bool {
     let fact_words = lower_words(fact);
-    let best = clauses(message)
+    let best = split_clauses(message, NEGATION_JOINS)
         .into_iter()
         .map(|c| {
             let cw = lower_words(&c);
@@ -540,60 +338,10 @@ fn negated_clause_holds(fact: &str, message: &str) -> bool {
     }
 }
 
-/// The message cut at punctuation and at "but" / "and": a negation holds in its clause.
-fn clauses(message: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for part in message.split(['.', ',', ';', '!', '?', '\n']) {
-        let mut cur: Vec<&str> = Vec::new();
-        for w in part.split_whitespace() {
-            if matches!(
-                w.to_lowercase().as_str(),
-                "but" | "and" | "though" | "although"
-            ) {
-                out.push(cur.join(" "));
-                cur.clear();
-            } else {
-                cur.push(w);
-            }
-        }
-        out.push(cur.join(" "));
-    }
-    out.retain(|c| !c.trim().is_empty());
-    out
-}
-
-fn lower_words(s: &str) -> Vec<String> {
-    s.replace(['\'', '’'], "")
-        .to_lowercase()
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
-/// Capitalised words of the fact, possessives stripped, in order.
-fn names_in(fact: &str) -> Vec<String> {
-    fact.split(|c: char| !(c.is_alphanumeric() || c == '\''))
-        .map(|w| w.trim_end_matches("'s").trim_matches('\''))
-        .filter(|w| w.chars().next().is_some_and(char::is_uppercase))
-        .map(str::to_string)
-        .collect()
-}
-
-/// The message holds `name` as a whole word, any case.
-fn mentions(message: &str, name: &str) -> bool {
-    lower_words(message).contains(&name.to_lowercase())
-}
-
-/// Two names are the same person's when their first words match, any case.
-fn same_name(a: &str, b: &str) -> bool {
-    let first = |s: &str| s.split_whitespace().next().unwrap_or("").to_lowercase();
-    !a.trim().is_empty() && first(a) == first(b)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::extract::MemoryKind;
 
     const MSG: &str = "My sister Priya lives in Lisbon and works as a nurse.";
 

@@ -10,6 +10,8 @@
 mod generate;
 pub mod lines;
 pub mod skip;
+mod subject;
+mod words;
 
 use std::sync::Arc;
 

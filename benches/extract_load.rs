@@ -1,0 +1,577 @@
+//! What the memory lane's fact extraction costs live chat under steady load. Extraction
+//! runs the LLM on every user message and, once started, does not yield to turns (only
+//! new jobs wait for an idle worker), so on a small machine it competes with turns for
+//! the cores. This runs the same steady chat twice, one `kvmem worker` process per phase,
+//! once with the memory lane off and once with it on and extracting, and reports turn
+//! latency side by side, whether the lane kept up with the messages (backlog, drops,
+//! extractions per second), and checks that every turn ran exactly once either way.
+//! Run through `ops/bench-extract-load` (`--quick` to check it works).
+//!
+//! `cargo bench --bench extract_load -- [--quick] [--sessions N] [--period-s N]
+//! [--minutes F] [--order off-on|on-off] [--reply-tokens N]`
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use tokio::time::Instant;
+
+/// The warm-up turn's user: its rows are left out of every count.
+const WARMUP: &str = "warmup";
+/// How long the lane gets, after the last turn is done, to empty its queue.
+const DRAIN: Duration = Duration::from_secs(60);
+
+/// Chat lines written for this benchmark: personal facts the extractor should keep,
+/// mixed with small talk and questions it should skip or find nothing in.
+const LINES: &[&str] = &[
+    "My name is Priya and I work night shifts as a nurse in Leeds.",
+    "haha okay, fair enough",
+    "I just adopted a grey cat called Biscuit from the shelter.",
+    "What would you do if the engines failed out here?",
+    "My brother Tomas is getting married in Lisbon next June.",
+    "Long day today. Finally home.",
+    "I'm allergic to peanuts, so I always check the labels twice.",
+    "I've been learning the cello for about two years now.",
+    "lol yes",
+    "My daughter starts primary school in September and I'm nervous about it.",
+    "I drive a delivery van for a bakery, mostly early mornings.",
+    "Do you ever get tired of giving orders?",
+    "We moved from Glasgow to Toronto last spring for my wife's job.",
+    "I prefer tea over coffee, green tea especially.",
+    "Thanks, that actually helps a lot.",
+    "My favourite book is still The Left Hand of Darkness.",
+    "I run a small pottery stall at the Saturday market.",
+    "Honestly I'm just tired today, nothing big.",
+    "My best friend Kenji is a software tester in Osaka.",
+    "I'm training for a half marathon in October.",
+    "good morning captain",
+    "I can't eat gluten, it makes me really sick.",
+    "My mum lives alone in a village outside Cork and I call her every Sunday.",
+    "How far is the next station from here?",
+    "I studied marine biology but ended up working in a bank.",
+    "We have two kids, Ada who is seven and Leo who is four.",
+    "ok cool, see you later",
+    "I'm saving up to buy a second-hand sailing boat.",
+    "My partner Sam is a firefighter and works twelve-hour shifts.",
+    "I hate the cold, winters here are brutal for me.",
+    "Did you sleep at all last night?",
+    "I'm vegetarian, have been since I was fifteen.",
+    "My grandfather taught me to play chess when I was six.",
+    "Nice, sounds good to me.",
+    "I work from home on Fridays, so that's my quiet day.",
+    "My dog Pepper is a twelve-year-old border collie and still fast.",
+    "I speak Polish at home with my parents and English at work.",
+    "Weather's been weird this week, right?",
+    "I broke my wrist skiing last winter and it still aches when it rains.",
+    "I'm thinking of going back to university to study law.",
+];
+
+struct Plan {
+    quick: bool,
+    sessions: usize,
+    period_s: f64,
+    minutes: f64,
+    reply_tokens: u32,
+    model: PathBuf,
+    embedder: PathBuf,
+    base_url: String,
+}
+
+impl Plan {
+    fn phase_s(&self) -> f64 {
+        self.minutes * 60.0
+    }
+}
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn parsed<T: std::str::FromStr>(name: &str, quick_v: T, full: T, quick: bool) -> Result<T>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    match arg(name) {
+        Some(v) => v.parse().with_context(|| format!("{name} {v}")),
+        None => Ok(if quick { quick_v } else { full }),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let plan = Plan {
+        quick,
+        sessions: parsed("--sessions", 2, 10, quick)?,
+        period_s: parsed("--period-s", 3.0, 10.0, quick)?,
+        minutes: parsed("--minutes", 40.0 / 60.0, 10.0, quick)?,
+        // Short replies, as in the other turn-latency benches: at 1 message a second a
+        // 135M model on two cores has no room for long ones, lane or not.
+        reply_tokens: parsed("--reply-tokens", 32, 32, quick)?,
+        model: PathBuf::from(
+            std::env::var("KVMEM_EXTRACT_LOAD_MODEL")
+                .context("KVMEM_EXTRACT_LOAD_MODEL is not set (ops/bench-extract-load sets it)")?,
+        ),
+        embedder: PathBuf::from(
+            std::env::var("KVMEM_EXTRACT_LOAD_EMBEDDER").context(
+                "KVMEM_EXTRACT_LOAD_EMBEDDER is not set (ops/bench-extract-load sets it)",
+            )?,
+        ),
+        base_url: std::env::var("DATABASE_URL").context("DATABASE_URL is not set")?,
+    };
+    ensure!(
+        plan.sessions > 0 && plan.period_s > 0.0 && plan.minutes > 0.0,
+        "--sessions, --period-s and --minutes must be above 0"
+    );
+    let order: Vec<bool> = match arg("--order").as_deref().unwrap_or("off-on") {
+        "off-on" => vec![false, true],
+        "on-off" => vec![true, false],
+        other => anyhow::bail!("--order {other}: off-on or on-off"),
+    };
+    println!(
+        "## Extraction lane under steady chat: {} sessions, 1 message each every {} s, {:.1} min per phase ({:.2} msg/s; {}, replies <= {} tokens)\n",
+        plan.sessions,
+        plan.period_s,
+        plan.minutes,
+        plan.sessions as f64 / plan.period_s,
+        plan.model.file_name().unwrap_or_default().to_string_lossy(),
+        plan.reply_tokens,
+    );
+    let mut rows = Vec::new();
+    for lane in order {
+        rows.push(run(&plan, lane).await?);
+    }
+    println!("| lane | turns enq / done | turn p50 ms | turn p95 ms | turn max ms | mem jobs enq | done | queued at end | dropped | msgs extracted (in chat window) | extract msg/s (user msg/s in) | kept up |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    for r in &rows {
+        let on = r["lane"] == "on";
+        println!(
+            "| {} | {} / {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} ({}) | {:.3} ({:.3}) | {} |",
+            r["lane"].as_str().unwrap_or(""),
+            r["turns_enqueued"],
+            r["turns_done"],
+            r["turn_ms"]["p50"].as_f64().unwrap_or(0.0),
+            r["turn_ms"]["p95"].as_f64().unwrap_or(0.0),
+            r["turn_ms"]["max"].as_f64().unwrap_or(0.0),
+            r["memory"]["enqueued"],
+            r["memory"]["done"],
+            r["memory"]["queued_at_end"],
+            r["memory"]["dropped"],
+            r["memory"]["extracted"],
+            r["memory"]["extracted_during_chat"],
+            r["memory"]["extract_per_s"].as_f64().unwrap_or(0.0),
+            r["user_msgs_per_s"].as_f64().unwrap_or(0.0),
+            match (on, r["memory"]["kept_up"].as_bool()) {
+                (false, _) => "n/a (lane off)".to_string(),
+                (true, Some(true)) => "yes".to_string(),
+                _ => format!(
+                    "no ({} left after {} s drain)",
+                    r["memory"]["queued_at_end"],
+                    DRAIN.as_secs()
+                ),
+            },
+        );
+    }
+    let by = |lane: &str| rows.iter().find(|r| r["lane"] == lane);
+    let ratio = match (by("on"), by("off")) {
+        (Some(on), Some(off)) => {
+            let r = |p: &str| {
+                on["turn_ms"][p].as_f64().unwrap_or(0.0)
+                    / off["turn_ms"][p].as_f64().unwrap_or(0.0).max(1.0)
+            };
+            println!(
+                "\nturn latency, lane on / lane off: p50 {:.2}x, p95 {:.2}x",
+                r("p50"),
+                r("p95")
+            );
+            json!({"p50": r("p50"), "p95": r("p95")})
+        }
+        _ => Value::Null,
+    };
+    let out = PathBuf::from("ops/bench-results");
+    std::fs::create_dir_all(&out)?;
+    // The quick check must not overwrite a long run's results.
+    let file = out.join(if quick {
+        "extract_load-quick.json"
+    } else {
+        "extract_load.json"
+    });
+    std::fs::write(
+        &file,
+        serde_json::to_string_pretty(&json!({
+            "suite": "extract_load",
+            "plan": {
+                "quick": plan.quick, "sessions": plan.sessions, "period_s": plan.period_s,
+                "minutes": plan.minutes, "reply_tokens": plan.reply_tokens,
+                "model": plan.model, "embedder": plan.embedder,
+            },
+            "phases": rows,
+            "ratio_on_off": ratio,
+        }))?,
+    )?;
+    println!("\n_results in {}_", file.display());
+    Ok(())
+}
+
+/// Kills the worker process however the phase ends.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Worker {
+    fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.0.try_wait()? {
+            anyhow::bail!("the worker exited early: {status}");
+        }
+        Ok(())
+    }
+}
+
+fn user(s: usize) -> String {
+    format!("load{s}")
+}
+
+/// One message per session every `period_s`, session `s` starting `s * period_s /
+/// sessions` in, so arrivals are evenly spaced: (seconds from the start, session, index).
+fn schedule(plan: &Plan) -> Vec<(f64, usize, usize)> {
+    let mut events = Vec::new();
+    for s in 0..plan.sessions {
+        let offset = s as f64 * plan.period_s / plan.sessions as f64;
+        let mut k = 0;
+        while offset + k as f64 * plan.period_s < plan.phase_s() {
+            events.push((offset + k as f64 * plan.period_s, s, k));
+            k += 1;
+        }
+    }
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    events
+}
+
+async fn db_now(pool: &PgPool) -> Result<DateTime<Utc>> {
+    Ok(sqlx::query_scalar("SELECT now()").fetch_one(pool).await?)
+}
+
+async fn run(plan: &Plan, lane: bool) -> Result<Value> {
+    let tag = if lane { "on" } else { "off" };
+    println!("phase: memory lane {tag} ...");
+    let (pool, url) =
+        common::fresh_db(&plan.base_url, &format!("kvmem_extract_load_{tag}"), 8).await?;
+    // One user per session, as in a real service: the lane orders jobs per user and
+    // caps each user's backlog.
+    let mut chars = Vec::new();
+    for s in 0..plan.sessions {
+        chars.push(common::character(&pool, &user(s)).await?);
+    }
+    let warm_ch = common::character(&pool, WARMUP).await?;
+    let kv = tempfile::tempdir()?;
+    let lane_s = lane.to_string();
+    let mut worker = Worker(
+        Command::new(env!("CARGO_BIN_EXE_kvmem"))
+            .arg("worker")
+            .env("DATABASE_URL", &url)
+            .env("KVMEM_MODEL_PATH", &plan.model)
+            .env("KVMEM_KV_DIR", kv.path())
+            .env("KVMEM_MEMORY_LANE", &lane_s)
+            .env("KVMEM_MEMORY_EXTRACT", &lane_s)
+            .env("KVMEM_MEMORY_EMBED_MODEL_PATH", &plan.embedder)
+            // Only the memory lane differs between phases: summaries stay off, and so
+            // does recall in the turn, whose prompt would grow with the facts the lane
+            // stores and blur the lane's own cost.
+            .env("KVMEM_SUMMARY_LANE", "false")
+            .env("MEMORY_MAX_TOKENS", "0")
+            .env("REPLY_MAX_TOKENS", plan.reply_tokens.to_string())
+            .env("KVMEM_POLL_MS", "100")
+            .env("KVMEM_LOG_LEVEL", "warn")
+            .spawn()
+            .context("starting kvmem worker")?,
+    );
+    warm_up(&pool, &mut worker, warm_ch, lane).await?;
+
+    let events = schedule(plan);
+    let t0 = db_now(&pool).await?;
+    let start = Instant::now();
+    let (stop, sampler) = sample_backlogs(pool.clone());
+    let mut ids = Vec::with_capacity(events.len());
+    let mut late_ms: f64 = 0.0;
+    for &(at, s, k) in &events {
+        let due = start + Duration::from_secs_f64(at);
+        tokio::time::sleep_until(due).await;
+        late_ms = late_ms.max(due.elapsed().as_secs_f64() * 1000.0);
+        worker.check_alive()?;
+        // Sessions start at different lines, so users do not all say the same thing.
+        let line = LINES[(s * 7 + k) % LINES.len()];
+        let id: i64 = sqlx::query_scalar("SELECT kvmem_enqueue_turn($1, $2, $3, $4)")
+            .bind(format!("s{s}"))
+            .bind(user(s))
+            .bind(chars[s])
+            .bind(line)
+            .fetch_one(&pool)
+            .await?;
+        ids.push(id);
+    }
+    let schedule_s = start.elapsed().as_secs_f64();
+    let total = ids.len() as i64;
+    wait_turns(&pool, &mut worker, total).await?;
+    let chat_end = db_now(&pool).await?;
+    let chat_s = start.elapsed().as_secs_f64();
+    let drain_s = if lane {
+        drain(&pool, &mut worker).await?
+    } else {
+        0.0
+    };
+    stop.store(true, Ordering::Relaxed);
+    let (max_turns_waiting, max_mem_queued) = sampler.await?;
+    drop(worker);
+
+    check_invariants(&pool, &ids).await?;
+    let turn_ms: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM finished_at - created_at)::float8 * 1000
+           FROM turns WHERE user_id <> $1 AND state = 'done'",
+    )
+    .bind(WARMUP)
+    .fetch_all(&pool)
+    .await?;
+    let (enqueued, done, queued, failed, dropped_rows, dropped): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE state = 'done'),
+                    count(*) FILTER (WHERE state IN ('queued', 'running')),
+                    count(*) FILTER (WHERE state = 'failed'),
+                    count(*) FILTER (WHERE state = 'dropped'),
+                    (SELECT coalesce(sum(dropped), 0)::bigint FROM memory_job_drops WHERE user_id <> $1)
+               FROM memory_jobs WHERE user_id <> $1",
+        )
+        .bind(WARMUP)
+        .fetch_one(&pool)
+        .await?;
+    // Extracted: a user message's ingest job that went through extraction, by the model
+    // or by its skip rule (small talk, questions); the assistant's lines are only embedded.
+    let (extracted_in_chat, extracted, skipped, model_runs, facts, errors): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+    ) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE extracted AND j.finished_at <= $2),
+                count(*) FILTER (WHERE extracted),
+                count(*) FILTER (WHERE extracted AND j.result ? 'extract_skipped'),
+                count(*) FILTER (WHERE extracted AND NOT j.result ? 'extract_skipped'),
+                coalesce(sum((j.result ->> 'facts')::int), 0)::bigint,
+                count(*) FILTER (WHERE j.result ? 'extract_error')
+           FROM memory_jobs j
+           JOIN memory_messages m ON m.id = j.memory_message_id
+           CROSS JOIN LATERAL (SELECT coalesce((j.result ->> 'extracted')::boolean, false) AS extracted) e
+          WHERE j.user_id <> $1 AND j.kind = 'ingest' AND j.state = 'done' AND m.speaker = 'user'",
+    )
+    .bind(WARMUP)
+    .bind(chat_end)
+    .fetch_one(&pool)
+    .await?;
+    let model_s: Vec<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM j.finished_at - j.started_at)::float8
+           FROM memory_jobs j JOIN memory_messages m ON m.id = j.memory_message_id
+          WHERE j.user_id <> $1 AND j.state = 'done' AND m.speaker = 'user'
+            AND (j.result ->> 'extracted')::boolean AND NOT j.result ? 'extract_skipped'",
+    )
+    .bind(WARMUP)
+    .fetch_all(&pool)
+    .await?;
+    // The rate while chat runs (first enqueue to last turn done): the drain after it has
+    // the machine to itself and would flatter the lane.
+    let chat_window_s = (chat_end - t0).num_milliseconds() as f64 / 1000.0;
+    pool.close().await;
+    Ok(json!({
+        "lane": tag,
+        "turns_enqueued": total, "turns_done": turn_ms.len(),
+        "turn_ms": pcts(turn_ms),
+        "user_msgs_per_s": total as f64 / plan.phase_s(),
+        "schedule_s": schedule_s, "chat_s": chat_s, "drain_s": drain_s,
+        "enqueue_late_max_ms": late_ms,
+        "max_turns_waiting": max_turns_waiting,
+        "memory": {
+            "enqueued": enqueued, "done": done, "queued_at_end": queued, "failed": failed,
+            "dropped": dropped, "dropped_rows": dropped_rows, "max_queued": max_mem_queued,
+            "extracted": extracted, "extracted_during_chat": extracted_in_chat,
+            "extract_skipped": skipped, "extract_model_runs": model_runs,
+            "extract_errors": errors, "facts_stored": facts,
+            "extract_per_s": extracted_in_chat as f64 / chat_window_s.max(1e-3),
+            "model_run_s": pcts(model_s),
+            "kept_up": lane.then_some(queued == 0),
+        },
+    }))
+}
+
+/// One turn on a user of its own, so the chat clock starts with the model loaded and, with
+/// the lane on, the lane running: its short message is skipped by the extractor's rule, and
+/// the lane takes jobs only after loading the extraction model.
+async fn warm_up(pool: &PgPool, worker: &mut Worker, ch: i64, lane: bool) -> Result<()> {
+    sqlx::query("SELECT kvmem_enqueue_turn($1, $1, $2, 'Hi there!')")
+        .bind(WARMUP)
+        .bind(ch)
+        .execute(pool)
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let (turn_done, jobs_left): (bool, i64) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM turns WHERE user_id = $1 AND state = 'done'),
+                    (SELECT count(*) FROM memory_jobs WHERE user_id = $1 AND state IN ('queued', 'running'))",
+        )
+        .bind(WARMUP)
+        .fetch_one(pool)
+        .await?;
+        if turn_done && (!lane || jobs_left == 0) {
+            return Ok(());
+        }
+        worker.check_alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "the warm-up turn took over 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn wait_turns(pool: &PgPool, worker: &mut Worker, total: i64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let (done, failed): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state IN ('failed', 'dead'))
+               FROM turns WHERE user_id <> $1",
+        )
+        .bind(WARMUP)
+        .fetch_one(pool)
+        .await?;
+        ensure!(failed == 0, "{failed} turns failed");
+        if done >= total {
+            return Ok(());
+        }
+        worker.check_alive()?;
+        ensure!(
+            Instant::now() < deadline,
+            "turns not done an hour after the last was enqueued: {done} of {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Gives the lane up to [`DRAIN`] to finish its queue; returns the seconds it took.
+async fn drain(pool: &PgPool, worker: &mut Worker) -> Result<f64> {
+    let start = Instant::now();
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM memory_jobs WHERE user_id <> $1 AND state IN ('queued', 'running')",
+        )
+        .bind(WARMUP)
+        .fetch_one(pool)
+        .await?;
+        if left == 0 || start.elapsed() >= DRAIN {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+        worker.check_alive()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Samples, once a second until `stop`, the turns waiting for the worker and the memory
+/// jobs queued: the peaks say whether chat or the lane fell behind during the phase.
+fn sample_backlogs(pool: PgPool) -> (Arc<AtomicBool>, tokio::task::JoinHandle<(i64, i64)>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let task = tokio::spawn(async move {
+        let mut peaks = (0i64, 0i64);
+        while !flag.load(Ordering::Relaxed) {
+            let row: Result<(i64, i64), _> = sqlx::query_as(
+                "SELECT (SELECT count(*) FROM turns WHERE user_id <> $1 AND state = 'queued'),
+                        (SELECT count(*) FROM memory_jobs WHERE user_id <> $1 AND state = 'queued')",
+            )
+            .bind(WARMUP)
+            .fetch_one(&pool)
+            .await;
+            if let Ok((t, m)) = row {
+                peaks = (peaks.0.max(t), peaks.1.max(m));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        peaks
+    });
+    (stop, task)
+}
+
+/// What load must never break: every enqueued turn done exactly once with one reply, in
+/// session order, never two turns of a session at once.
+async fn check_invariants(pool: &PgPool, ids: &[i64]) -> Result<()> {
+    let total = ids.len() as i64;
+    let mut distinct = ids.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    ensure!(
+        distinct.len() == ids.len(),
+        "{} enqueues returned {} distinct turn ids",
+        ids.len(),
+        distinct.len()
+    );
+    let (rows, done, ok_runs, ok_turns, replies, violations): (i64, i64, i64, i64, i64, i64) =
+        sqlx::query_as(
+            "WITH t AS (SELECT * FROM turns WHERE id = ANY($1)),
+                  l AS (SELECT l.sid, l.turn_id, l.started_at, l.finished_at,
+                               lag(l.turn_id) OVER w AS prev_id, lag(l.finished_at) OVER w AS prev_end
+                          FROM turn_log l JOIN t ON t.id = l.turn_id
+                         WHERE l.status = 'OK' WINDOW w AS (PARTITION BY l.sid ORDER BY l.started_at))
+             SELECT (SELECT count(*) FROM t),
+                    (SELECT count(*) FROM t WHERE state = 'done' AND reply IS NOT NULL),
+                    (SELECT count(*) FROM l),
+                    (SELECT count(DISTINCT turn_id) FROM l),
+                    (SELECT count(*) FROM messages m JOIN t ON t.id = m.turn_id WHERE m.role = 'assistant'),
+                    (SELECT count(*) FROM l WHERE prev_id > turn_id OR prev_end > started_at)",
+        )
+        .bind(ids)
+        .fetch_one(pool)
+        .await?;
+    let stray: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM turns WHERE user_id <> $1 AND NOT id = ANY($2)")
+            .bind(WARMUP)
+            .bind(ids)
+            .fetch_one(pool)
+            .await?;
+    ensure!(
+        rows == total && stray == 0,
+        "{rows} of {total} enqueued turns found, {stray} others"
+    );
+    ensure!(done == total, "{done} of {total} turns done with a reply");
+    ensure!(
+        ok_runs == total && ok_turns == total,
+        "{ok_runs} successful runs over {ok_turns} turns for {total} turns"
+    );
+    ensure!(replies == total, "{replies} replies for {total} turns");
+    ensure!(violations == 0, "{violations} order or overlap violations");
+    Ok(())
+}
+
+fn pcts(mut v: Vec<f64>) -> Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v[((v.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    json!({"p50": at(0.5), "p95": at(0.95), "max": at(1.0), "n": v.len()})
+}
