@@ -110,6 +110,31 @@ where
 
 #[tokio::main]
 async fn main() -> Result<()> {
+    let plan = plan_from_args()?;
+    let order: Vec<bool> = match arg("--order").as_deref().unwrap_or("off-on") {
+        "off-on" => vec![false, true],
+        "on-off" => vec![true, false],
+        other => anyhow::bail!("--order {other}: off-on or on-off"),
+    };
+    println!(
+        "## Extraction lane under steady chat: {} sessions, 1 message each every {} s, {:.1} min per phase ({:.2} msg/s; {}, replies <= {} tokens)\n",
+        plan.sessions,
+        plan.period_s,
+        plan.minutes,
+        plan.sessions as f64 / plan.period_s,
+        plan.model.file_name().unwrap_or_default().to_string_lossy(),
+        plan.reply_tokens,
+    );
+    let mut rows = Vec::new();
+    for lane in order {
+        rows.push(run(&plan, lane).await?);
+    }
+    print_table(&rows);
+    let ratio = latency_ratio(&rows);
+    write_results(&plan, &rows, ratio)
+}
+
+fn plan_from_args() -> Result<Plan> {
     let quick = std::env::args().any(|a| a == "--quick");
     let plan = Plan {
         quick,
@@ -134,27 +159,13 @@ async fn main() -> Result<()> {
         plan.sessions > 0 && plan.period_s > 0.0 && plan.minutes > 0.0,
         "--sessions, --period-s and --minutes must be above 0"
     );
-    let order: Vec<bool> = match arg("--order").as_deref().unwrap_or("off-on") {
-        "off-on" => vec![false, true],
-        "on-off" => vec![true, false],
-        other => anyhow::bail!("--order {other}: off-on or on-off"),
-    };
-    println!(
-        "## Extraction lane under steady chat: {} sessions, 1 message each every {} s, {:.1} min per phase ({:.2} msg/s; {}, replies <= {} tokens)\n",
-        plan.sessions,
-        plan.period_s,
-        plan.minutes,
-        plan.sessions as f64 / plan.period_s,
-        plan.model.file_name().unwrap_or_default().to_string_lossy(),
-        plan.reply_tokens,
-    );
-    let mut rows = Vec::new();
-    for lane in order {
-        rows.push(run(&plan, lane).await?);
-    }
+    Ok(plan)
+}
+
+fn print_table(rows: &[Value]) {
     println!("| lane | turns enq / done | turn p50 ms | turn p95 ms | turn max ms | mem jobs enq | done | queued at end | dropped | msgs extracted (in chat window) | extract msg/s (user msg/s in) | kept up |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
-    for r in &rows {
+    for r in rows {
         let on = r["lane"] == "on";
         println!(
             "| {} | {} / {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} ({}) | {:.3} ({:.3}) | {} |",
@@ -183,8 +194,12 @@ async fn main() -> Result<()> {
             },
         );
     }
+}
+
+/// Turn latency with the lane on over off, p50 and p95, when both phases ran.
+fn latency_ratio(rows: &[Value]) -> Value {
     let by = |lane: &str| rows.iter().find(|r| r["lane"] == lane);
-    let ratio = match (by("on"), by("off")) {
+    match (by("on"), by("off")) {
         (Some(on), Some(off)) => {
             let r = |p: &str| {
                 on["turn_ms"][p].as_f64().unwrap_or(0.0)
@@ -198,7 +213,11 @@ async fn main() -> Result<()> {
             json!({"p50": r("p50"), "p95": r("p95")})
         }
         _ => Value::Null,
-    };
+    }
+}
+
+fn write_results(plan: &Plan, rows: &[Value], ratio: Value) -> Result<()> {
+    let quick = plan.quick;
     let out = PathBuf::from("ops/bench-results");
     std::fs::create_dir_all(&out)?;
     // The quick check must not overwrite a long run's results.
@@ -280,27 +299,7 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
     }
     let warm_ch = common::character(&pool, WARMUP).await?;
     let kv = tempfile::tempdir()?;
-    let lane_s = lane.to_string();
-    let mut worker = Worker(
-        Command::new(env!("CARGO_BIN_EXE_kvmem"))
-            .arg("worker")
-            .env("DATABASE_URL", &url)
-            .env("KVMEM_MODEL_PATH", &plan.model)
-            .env("KVMEM_KV_DIR", kv.path())
-            .env("KVMEM_MEMORY_LANE", &lane_s)
-            .env("KVMEM_MEMORY_EXTRACT", &lane_s)
-            .env("KVMEM_MEMORY_EMBED_MODEL_PATH", &plan.embedder)
-            // Only the memory lane differs between phases: summaries stay off, and so
-            // does recall in the turn, whose prompt would grow with the facts the lane
-            // stores and blur the lane's own cost.
-            .env("KVMEM_SUMMARY_LANE", "false")
-            .env("MEMORY_MAX_TOKENS", "0")
-            .env("REPLY_MAX_TOKENS", plan.reply_tokens.to_string())
-            .env("KVMEM_POLL_MS", "100")
-            .env("KVMEM_LOG_LEVEL", "warn")
-            .spawn()
-            .context("starting kvmem worker")?,
-    );
+    let mut worker = spawn_worker(plan, &url, kv.path(), lane)?;
     warm_up(&pool, &mut worker, warm_ch, lane).await?;
 
     let events = schedule(plan);
@@ -347,6 +346,66 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
     .bind(WARMUP)
     .fetch_all(&pool)
     .await?;
+    let memory = lane_figures(&pool, chat_end).await?;
+    // The rate while chat runs (first enqueue to last turn done): the drain after it has
+    // the machine to itself and would flatter the lane.
+    let chat_window_s = (chat_end - t0).num_milliseconds() as f64 / 1000.0;
+    pool.close().await;
+    Ok(json!({
+        "lane": tag,
+        "turns_enqueued": total, "turns_done": turn_ms.len(),
+        "turn_ms": pcts(turn_ms),
+        "user_msgs_per_s": total as f64 / plan.phase_s(),
+        "schedule_s": schedule_s, "chat_s": chat_s, "drain_s": drain_s,
+        "enqueue_late_max_ms": late_ms,
+        "max_turns_waiting": max_turns_waiting, "max_memory_queued": max_mem_queued,
+        "memory": memory_json(memory, chat_window_s, lane),
+    }))
+}
+
+/// The phase's worker: the same settings both phases but the memory lane.
+fn spawn_worker(plan: &Plan, url: &str, kv: &std::path::Path, lane: bool) -> Result<Worker> {
+    let lane_s = lane.to_string();
+    Ok(Worker(
+        Command::new(env!("CARGO_BIN_EXE_kvmem"))
+            .arg("worker")
+            .env("DATABASE_URL", url)
+            .env("KVMEM_MODEL_PATH", &plan.model)
+            .env("KVMEM_KV_DIR", kv)
+            .env("KVMEM_MEMORY_LANE", &lane_s)
+            .env("KVMEM_MEMORY_EXTRACT", &lane_s)
+            .env("KVMEM_MEMORY_EMBED_MODEL_PATH", &plan.embedder)
+            // Only the memory lane differs between phases: summaries stay off, and so
+            // does recall in the turn, whose prompt would grow with the facts the lane
+            // stores and blur the lane's own cost.
+            .env("KVMEM_SUMMARY_LANE", "false")
+            .env("MEMORY_MAX_TOKENS", "0")
+            .env("REPLY_MAX_TOKENS", plan.reply_tokens.to_string())
+            .env("KVMEM_POLL_MS", "100")
+            .env("KVMEM_LOG_LEVEL", "warn")
+            .spawn()
+            .context("starting kvmem worker")?,
+    ))
+}
+
+/// The memory lane's jobs at the end of a phase, read from its tables.
+struct LaneFigures {
+    enqueued: i64,
+    done: i64,
+    queued: i64,
+    failed: i64,
+    dropped_rows: i64,
+    dropped: i64,
+    extracted_in_chat: i64,
+    extracted: i64,
+    skipped: i64,
+    model_runs: i64,
+    facts: i64,
+    errors: i64,
+    model_s: Vec<f64>,
+}
+
+async fn lane_figures(pool: &PgPool, chat_end: DateTime<Utc>) -> Result<LaneFigures> {
     let (enqueued, done, queued, failed, dropped_rows, dropped): (i64, i64, i64, i64, i64, i64) =
         sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE state = 'done'),
@@ -357,7 +416,7 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
                FROM memory_jobs WHERE user_id <> $1",
         )
         .bind(WARMUP)
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await?;
     // Extracted: a user message's ingest job that went through extraction, by the model
     // or by its skip rule (small talk, questions); the assistant's lines are only embedded.
@@ -382,7 +441,7 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
     )
     .bind(WARMUP)
     .bind(chat_end)
-    .fetch_one(&pool)
+    .fetch_one(pool)
     .await?;
     let model_s: Vec<f64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM j.finished_at - j.started_at)::float8
@@ -391,31 +450,36 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
             AND (j.result ->> 'extracted')::boolean AND NOT j.result ? 'extract_skipped'",
     )
     .bind(WARMUP)
-    .fetch_all(&pool)
+    .fetch_all(pool)
     .await?;
-    // The rate while chat runs (first enqueue to last turn done): the drain after it has
-    // the machine to itself and would flatter the lane.
-    let chat_window_s = (chat_end - t0).num_milliseconds() as f64 / 1000.0;
-    pool.close().await;
-    Ok(json!({
-        "lane": tag,
-        "turns_enqueued": total, "turns_done": turn_ms.len(),
-        "turn_ms": pcts(turn_ms),
-        "user_msgs_per_s": total as f64 / plan.phase_s(),
-        "schedule_s": schedule_s, "chat_s": chat_s, "drain_s": drain_s,
-        "enqueue_late_max_ms": late_ms,
-        "max_turns_waiting": max_turns_waiting,
-        "memory": {
-            "enqueued": enqueued, "done": done, "queued_at_end": queued, "failed": failed,
-            "dropped": dropped, "dropped_rows": dropped_rows, "max_queued": max_mem_queued,
-            "extracted": extracted, "extracted_during_chat": extracted_in_chat,
-            "extract_skipped": skipped, "extract_model_runs": model_runs,
-            "extract_errors": errors, "facts_stored": facts,
-            "extract_per_s": extracted_in_chat as f64 / chat_window_s.max(1e-3),
-            "model_run_s": pcts(model_s),
-            "kept_up": lane.then_some(queued == 0),
-        },
-    }))
+    Ok(LaneFigures {
+        enqueued,
+        done,
+        queued,
+        failed,
+        dropped_rows,
+        dropped,
+        extracted_in_chat,
+        extracted,
+        skipped,
+        model_runs,
+        facts,
+        errors,
+        model_s,
+    })
+}
+
+fn memory_json(m: LaneFigures, chat_window_s: f64, lane: bool) -> Value {
+    json!({
+        "enqueued": m.enqueued, "done": m.done, "queued_at_end": m.queued, "failed": m.failed,
+        "dropped": m.dropped, "dropped_rows": m.dropped_rows,
+        "extracted": m.extracted, "extracted_during_chat": m.extracted_in_chat,
+        "extract_skipped": m.skipped, "extract_model_runs": m.model_runs,
+        "extract_errors": m.errors, "facts_stored": m.facts,
+        "extract_per_s": m.extracted_in_chat as f64 / chat_window_s.max(1e-3),
+        "model_run_s": pcts(m.model_s),
+        "kept_up": lane.then_some(m.queued == 0),
+    })
 }
 
 /// One turn on a user of its own, so the chat clock starts with the model loaded and, with

@@ -346,10 +346,10 @@ fn report(t: &Tally, secs: f64) {
     };
     println!("---");
     println!(
-        "messages {} ({} character lines, never extracted) in {secs:.1}s: {:.2} messages/s; truncated answers {}",
+        "messages {} ({} character lines, never extracted) in {secs:.1}s: {:.2} user messages/s; truncated answers {}",
         t.messages,
         t.character_lines,
-        t.messages as f64 / secs,
+        (t.messages - t.character_lines) as f64 / secs,
         t.truncated
     );
     println!(
