@@ -354,7 +354,7 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
     Ok(json!({
         "lane": tag,
         "turns_enqueued": total, "turns_done": turn_ms.len(),
-        "turn_ms": pcts(turn_ms),
+        "turn_ms": common::pcts(turn_ms),
         "user_msgs_per_s": total as f64 / plan.phase_s(),
         "schedule_s": schedule_s, "chat_s": chat_s, "drain_s": drain_s,
         "enqueue_late_max_ms": late_ms,
@@ -477,7 +477,7 @@ fn memory_json(m: LaneFigures, chat_window_s: f64, lane: bool) -> Value {
         "extract_skipped": m.skipped, "extract_model_runs": m.model_runs,
         "extract_errors": m.errors, "facts_stored": m.facts,
         "extract_per_s": m.extracted_in_chat as f64 / chat_window_s.max(1e-3),
-        "model_run_s": pcts(m.model_s),
+        "model_run_s": common::pcts(m.model_s),
         "kept_up": lane.then_some(m.queued == 0),
     })
 }
@@ -626,16 +626,4 @@ async fn check_invariants(pool: &PgPool, ids: &[i64]) -> Result<()> {
     ensure!(replies == total, "{replies} replies for {total} turns");
     ensure!(violations == 0, "{violations} order or overlap violations");
     Ok(())
-}
-
-fn pcts(mut v: Vec<f64>) -> Value {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |p: f64| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v[((v.len() - 1) as f64 * p).round() as usize]
-        }
-    };
-    json!({"p50": at(0.5), "p95": at(0.95), "max": at(1.0), "n": v.len()})
 }

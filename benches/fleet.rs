@@ -240,7 +240,7 @@ async fn run(plan: &Plan, affinity: bool) -> Result<Value> {
         "affinity": affinity, "wait_ms_setting": plan.wait_ms, "workers": plan.workers,
         "sessions": plan.sessions, "turns": total, "cold": cold, "cache": cache, "remote": remote,
         "cache_share": cache as f64 / warm,
-        "turn_ms": pcts(turn_ms), "wait_ms": pcts(wait_ms), "wall_s": wall_s,
+        "turn_ms": common::pcts(turn_ms), "wait_ms": common::pcts(wait_ms), "wall_s": wall_s,
         "turns_by_worker": by_worker.into_iter().map(|(w, n)| json!({"worker": w, "turns": n})).collect::<Vec<_>>(),
     }))
 }
@@ -265,16 +265,4 @@ async fn check_invariants(pool: &PgPool, total: i64) -> Result<()> {
     ensure!(replies == total, "{replies} replies for {total} turns");
     ensure!(violations == 0, "{violations} order or overlap violations");
     Ok(())
-}
-
-fn pcts(mut v: Vec<f64>) -> Value {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let at = |p: f64| {
-        if v.is_empty() {
-            0.0
-        } else {
-            v[((v.len() - 1) as f64 * p).round() as usize]
-        }
-    };
-    json!({"p50": at(0.5), "p95": at(0.95), "max": at(1.0), "n": v.len()})
 }

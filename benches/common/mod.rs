@@ -33,3 +33,17 @@ pub async fn character(pool: &PgPool, user: &str) -> Result<i64> {
     .fetch_one(pool)
     .await?)
 }
+
+/// p50, p95, max and count of `v` (nearest rank), for a latency column.
+#[allow(dead_code)] // the process-level benches use it; kvmem_bench reports through its own tables
+pub fn pcts(mut v: Vec<f64>) -> serde_json::Value {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| {
+        if v.is_empty() {
+            0.0
+        } else {
+            v[((v.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    serde_json::json!({"p50": at(0.5), "p95": at(0.95), "max": at(1.0), "n": v.len()})
+}
