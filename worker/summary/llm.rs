@@ -157,17 +157,15 @@ fn run(
             std::thread::sleep(PAUSE_POLL);
         }
     };
-    let (text, truncated) = extract::generate_yielding(
-        engine,
-        ctx,
-        &p.system,
-        &user,
-        p.grammar.as_deref(),
-        p.max_tokens,
-        BACKGROUND_PREFILL_CHUNK,
-        &mut give_way,
-    )
-    .map_err(|e| e.to_string())?;
+    let ask = extract::Ask {
+        system: &p.system,
+        user: &user,
+        grammar: p.grammar.as_deref(),
+        max_tokens: p.max_tokens,
+    };
+    let (text, truncated) =
+        extract::generate_yielding(engine, ctx, &ask, BACKGROUND_PREFILL_CHUNK, &mut give_way)
+            .map_err(|e| e.to_string())?;
     Ok(Generated {
         text: text.trim().to_string(),
         truncated,

@@ -49,57 +49,26 @@ pub struct Ask<'a> {
     pub max_tokens: u32,
 }
 
-/// Generation with the model's chat frame (see [`Ask`]). The context's KV is cleared first
-/// and left holding this exchange. Returns the answer and whether the budget cut it off.
-pub fn generate(
-    engine: &Engine,
-    ctx: &mut LlamaContext<'_>,
-    system: &str,
-    user: &str,
-    grammar: Option<&str>,
-    max_tokens: u32,
-) -> Result<(String, bool), ExtractError> {
-    let whole_batch = engine.params.n_batch as usize;
-    generate_yielding(
-        engine,
-        ctx,
-        system,
-        user,
-        grammar,
-        max_tokens,
-        whole_batch,
-        &mut || {},
-    )
-}
-
-/// [`generate`], calling `before_decode` before every decode step: a background lane
+/// Generation with the model's chat frame (see [`Ask`]) on a cold context (its KV is
+/// cleared first and left holding this exchange); returns the answer and whether the
+/// budget cut it off. `before_decode` runs before every decode step: a background lane
 /// blocks there while a live turn needs the cores, so a job already running gives way
 /// within one step instead of slowing the turn down to its end. The prompt is decoded
 /// `prefill_chunk` tokens per step: a step cannot be interrupted, so a smaller chunk is a
 /// shorter wait for the turn (at some cost in prefill speed; a different chunk size also
 /// changes llama.cpp's arithmetic slightly, and so a greedy answer).
-#[allow(clippy::too_many_arguments)]
 pub fn generate_yielding(
     engine: &Engine,
     ctx: &mut LlamaContext<'_>,
-    system: &str,
-    user: &str,
-    grammar: Option<&str>,
-    max_tokens: u32,
+    ask: &Ask,
     prefill_chunk: usize,
     before_decode: &mut dyn FnMut(),
 ) -> Result<(String, bool), ExtractError> {
-    let ask = Ask {
-        system,
-        user,
-        grammar,
-        max_tokens,
-    };
     run(
         engine,
         ctx,
         &mut Vec::new(),
-        &ask,
+        ask,
         prefill_chunk,
         before_decode,
     )

@@ -15,7 +15,7 @@ mod words;
 
 use std::sync::Arc;
 
-pub use generate::{generate, generate_warm, generate_yielding, Ask, WarmContext};
+pub use generate::{generate_warm, generate_yielding, Ask, WarmContext};
 pub use lines::{postprocess, LINES_GRAMMAR, LINES_SYSTEM};
 pub use skip::skip_reason;
 
