@@ -34,7 +34,7 @@ fn minilm() -> PathBuf {
 /// One embedder for the whole test binary: loading it per test would only cost time.
 fn embedder() -> Arc<Embedder> {
     static E: OnceLock<Arc<Embedder>> = OnceLock::new();
-    E.get_or_init(|| Arc::new(Embedder::load(&minilm(), 2).expect("load MiniLM")))
+    E.get_or_init(|| Arc::new(Embedder::load(&minilm(), 1).expect("load MiniLM")))
         .clone()
 }
 
@@ -45,7 +45,7 @@ fn config(path: Option<PathBuf>) -> MemoryConfig {
         keep_user: 80,
         keep_lore: 120,
         exact_search_max: 20_000,
-        n_threads: 2,
+        n_threads: 1,
     }
 }
 

@@ -42,6 +42,10 @@ pub fn settings(overrides: serde_json::Value) -> Settings {
             "lease_ms": 2000, "heartbeat_ms": 500, "poll_ms": 50, "reaper_ms": 200,
             "backoff_base_ms": 50, "backoff_max_ms": 400, "log_level": "warn",
             "kv_tail_tokens": 256, "reply_max_tokens": 32,
+            // The test harness runs tests side by side, one per core: a llama.cpp context
+            // per test that also spread over every core would make ggml's spinning threads
+            // wait on each other (cold_warm's three tests: 845 s together, 130 s apart).
+            "n_threads": 1,
         }))
         .unwrap();
     base.with(overrides).unwrap()
