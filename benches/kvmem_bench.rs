@@ -355,7 +355,7 @@ async fn warm_cold_kv(env: &Env, model: &Path, kv_type: &str, sizes: &[usize]) -
         let history = seed_history(&pool, &engine, &sid, ch, size).await?;
         // The lane embeds the seeded dialogue, as it would have while those turns ran;
         // else recall would embed its candidates on the turn's own path.
-        let lane = kvmem::memory::worker_service(pool.clone(), &base).await?;
+        let lane = kvmem::memory::worker_service(pool.clone(), &base, None, None).await?;
         kvmem::memory::jobs::drain(&lane).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
         let mut modes: BTreeMap<&str, Vec<TurnTimes>> = BTreeMap::new();
@@ -1351,7 +1351,7 @@ async fn growth(env: &Env) -> Result<Value> {
     )?);
     let (pool, _) = fresh_db(env, "kvmem_bench_growth").await?;
     let ch = character(&pool).await?;
-    let lane = kvmem::memory::worker_service(pool.clone(), &s).await?;
+    let lane = kvmem::memory::worker_service(pool.clone(), &s, None, None).await?;
     let deps = llama_deps(&pool, s, engine)?;
     for i in 0..turns {
         let (u, _) = filler(i);
@@ -1463,7 +1463,7 @@ async fn recall(env: &Env) -> Result<Value> {
     )?);
     let (pool, _) = fresh_db(env, "kvmem_bench_recall").await?;
     let ch = character(&pool).await?;
-    let lane = kvmem::memory::worker_service(pool.clone(), &on).await?;
+    let lane = kvmem::memory::worker_service(pool.clone(), &on, None, None).await?;
     let on_deps = llama_deps(&pool, on.clone(), engine.clone())?;
     let off_deps = llama_deps(&pool, off, engine.clone())?;
 

@@ -350,6 +350,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
     let extractor = kvmem::memory::llm::LlmExtractor::load(
         &smollm2(),
         kvmem::engine::EngineParams::from_settings(&s),
+        None,
     )
     .unwrap();
     let lane = lane(&pool, &s).with_extractor(std::sync::Arc::new(extractor));

@@ -109,6 +109,44 @@ fn grammar_makes_random_weights_answer_parse_and_filters_drop_the_noise() {
     assert_eq!(a.raw, b.raw);
 }
 
+/// Steps counted, and `true` (a turn generating) answered for the first `busy_for` asks.
+fn counting_busy(busy_for: usize) -> (kvmem::engine::Busy, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let busy: kvmem::engine::Busy =
+        Arc::new(move || seen.fetch_add(1, Ordering::SeqCst) < busy_for);
+    (busy, calls)
+}
+
+#[test]
+fn an_extraction_asks_before_every_decode_step_and_waits_while_turns_run() {
+    use std::sync::atomic::Ordering;
+    let engine = engine(&common::tiny_model());
+    // Never busy: counts the decode steps of one extraction.
+    let (free, steps) = counting_busy(0);
+    let ex = Extractor::new(engine.clone()).yielding(Some(free));
+    let mut ctx = ex.new_context().expect("context");
+    let free_run = ex.extract(&mut ctx, "Sam", NOISE_MESSAGES[0]).unwrap();
+    let steps = steps.load(Ordering::SeqCst);
+    assert!(steps >= 2, "a prefill and at least one token: {steps}");
+    // Busy for the first 40 asks: the extraction waits them out at its first step, then
+    // takes the same steps to the same answer.
+    let (held, asked) = counting_busy(40);
+    let ex = Extractor::new(engine.clone()).yielding(Some(held));
+    let mut ctx = ex.new_context().expect("context");
+    let held_run = ex.extract(&mut ctx, "Sam", NOISE_MESSAGES[0]).unwrap();
+    assert_eq!(asked.load(Ordering::SeqCst), 40 + steps);
+    assert_eq!(held_run.raw, free_run.raw);
+    // A message the skip rule turns away never reaches the model, so never waits.
+    let (never, asked) = counting_busy(usize::MAX);
+    let ex = Extractor::new(engine).yielding(Some(never));
+    let mut ctx = ex.new_context().expect("context");
+    let skipped = ex.extract(&mut ctx, "Sam", NOISE_MESSAGES[1]).unwrap();
+    assert!(skipped.skipped.is_some());
+    assert_eq!(asked.load(Ordering::SeqCst), 0);
+}
+
 #[test]
 fn grammar_text_is_accepted_by_llama_cpp() {
     // A grammar llama.cpp cannot parse makes LlamaSampler::grammar fail; check it on its own

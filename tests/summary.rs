@@ -1328,7 +1328,8 @@ async fn http_summary_route_serves_the_caller_only(pool: PgPool) {
 
 #[tokio::test]
 async fn a_running_summary_asks_before_every_decode_step_and_waits_while_turns_run() {
-    use kvmem::summary::llm::{Busy, Prompt, Summarizer};
+    use kvmem::engine::Busy;
+    use kvmem::summary::llm::{Prompt, Summarizer};
     use std::sync::atomic::{AtomicUsize, Ordering};
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = calls.clone();

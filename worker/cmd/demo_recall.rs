@@ -71,13 +71,13 @@ async fn lanes(
     engine: Arc<Engine>,
     out: &mut String,
 ) -> Result<()> {
-    let memory = crate::memory::worker_service(pool.clone(), settings)
+    let memory = crate::memory::worker_service(pool.clone(), settings, Some(engine.clone()), None)
         .await
         .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
     let embedded = crate::memory::jobs::drain(&memory)
         .await
         .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
-    let never_busy: crate::summary::llm::Busy = Arc::new(|| false);
+    let never_busy: crate::engine::Busy = Arc::new(|| false);
     let summary =
         crate::summary::worker_service(pool.clone(), settings, Some(engine), never_busy).await;
     let later = Utc::now() + Duration::minutes(31);

@@ -20,10 +20,12 @@ use crate::config::{KvType, Settings};
 
 pub mod batch;
 mod frame;
+pub mod generate;
 pub mod pool;
 mod session;
 
 pub use frame::{Block, ChatFrame};
+pub use generate::{Busy, GenerateError};
 pub use pool::{Contexts, EnginePool};
 pub use session::{GenStats, KvSession};
 

@@ -376,7 +376,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
 /// when `memory_extract` is on). Jobs that ask for extraction and find no model here stay
 /// queued, and the count says so.
 async fn work(pool: PgPool, settings: &Settings) -> Result<()> {
-    let svc = crate::memory::worker_service(pool, settings).await?;
+    let svc = crate::memory::worker_service(pool, settings, None, None).await?;
     let done = jobs::drain(&svc).await?;
     println!("ran {} memory job(s)", done.len());
     let waiting: i64 = sqlx::query_scalar(include_str!("../../sql/memory/extract_waiting.sql"))

@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 
 use super::extract::{self, FactCandidate};
 use super::{ExtractedFact, Extractor};
-use crate::engine::{Engine, EngineParams};
+use crate::engine::{Busy, Engine, EngineParams};
 
 type Reply = std::result::Result<Vec<ExtractedFact>, String>;
 
@@ -29,9 +29,19 @@ pub struct LlmExtractor {
 impl LlmExtractor {
     /// Loads the extraction model (seed 002's `memoryLlm`: configurable apart from the chat
     /// model) and starts its thread.
-    pub fn load(path: &Path, params: EngineParams) -> Result<LlmExtractor, String> {
+    pub fn load(
+        path: &Path,
+        params: EngineParams,
+        busy: Option<Busy>,
+    ) -> Result<LlmExtractor, String> {
         let engine = Engine::load(path, None, params).map_err(|e| e.to_string())?;
-        let extractor = extract::Extractor::new(Arc::new(engine));
+        LlmExtractor::start(Arc::new(engine), busy)
+    }
+
+    /// Starts the thread on an engine already loaded (the chat model's weights, with a
+    /// context of the thread's own). It pauses between decode steps while `busy` is true.
+    pub fn start(engine: Arc<Engine>, busy: Option<Busy>) -> Result<LlmExtractor, String> {
+        let extractor = extract::Extractor::new(engine).yielding(busy);
         let (tx, rx) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel();
         std::thread::Builder::new()

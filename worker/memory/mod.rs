@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::config::Settings;
+use crate::engine::{Busy, Engine};
 pub use embed::Embedder;
 
 /// Errors of the memory layer. Embedder failures are not here on purpose: they degrade
@@ -131,23 +132,37 @@ pub trait Extractor: Send + Sync {
 }
 
 /// The memory service a llama worker runs its memory lane with: the embedder, and the
-/// extraction model when `memory_extract` is on. A model that fails to load is logged and
-/// left out (the lane still embeds), never fatal to the worker.
-pub async fn worker_service(pool: PgPool, settings: &Settings) -> Result<MemoryService> {
+/// extraction model when `memory_extract` is on: the configured extraction model, or else
+/// `chat_engine`, the chat model's weights shared with the turn pipeline (not loaded a
+/// second time). The model's thread pauses while `busy` says live turns need the cores. A
+/// model that fails to load is logged and left out (the lane still embeds), never fatal.
+pub async fn worker_service(
+    pool: PgPool,
+    settings: &Settings,
+    chat_engine: Option<Arc<Engine>>,
+    busy: Option<Busy>,
+) -> Result<MemoryService> {
     let svc = MemoryService::new(pool, MemoryConfig::from_settings(settings)?).await;
     if !settings.memory_extract {
         return Ok(svc);
     }
-    let Some(path) = settings
-        .memory_extract_model_path
-        .clone()
-        .or_else(|| settings.model_path.clone())
-    else {
-        tracing::warn!("memory_extract is on but no extraction or chat model is configured");
-        return Ok(svc);
+    let own_path = settings.memory_extract_model_path.clone();
+    let started = match (own_path, chat_engine) {
+        (None, Some(engine)) => {
+            tokio::task::spawn_blocking(move || llm::LlmExtractor::start(engine, busy)).await
+        }
+        (path, _) => {
+            let Some(path) = path.or_else(|| settings.model_path.clone()) else {
+                tracing::warn!(
+                    "memory_extract is on but no extraction or chat model is configured"
+                );
+                return Ok(svc);
+            };
+            let params = crate::engine::EngineParams::from_settings(settings);
+            tokio::task::spawn_blocking(move || llm::LlmExtractor::load(&path, params, busy)).await
+        }
     };
-    let params = crate::engine::EngineParams::from_settings(settings);
-    match tokio::task::spawn_blocking(move || llm::LlmExtractor::load(&path, params)).await {
+    match started {
         Ok(Ok(extractor)) => Ok(svc.with_extractor(Arc::new(extractor))),
         Ok(Err(e)) => {
             event(&svc.pool, "memory_extract_error", &e, None).await;

@@ -1,6 +1,6 @@
 //! Work a worker does while no turn of its own is generating: the memory lane, then the
-//! summary lane. Neither ever stands between a live turn and its engine; a summary already
-//! running when a turn arrives pauses until the turn is done.
+//! summary lane. Neither ever stands between a live turn and its engine; an extraction or
+//! a summary already running when a turn arrives pauses until the turn is done.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use super::{Deps, Generator};
+use crate::engine::{Busy, Engine};
 use crate::memory::MemoryService;
 use crate::summary::SummaryService;
 
@@ -19,7 +20,7 @@ use crate::summary::SummaryService;
 /// stands between a live turn and its engine (a job already running finishes). One job at
 /// a time: memory first, because summaries read what it writes.
 pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationToken) {
-    let memory = memory_service(&deps).await;
+    let memory = memory_service(&deps, &slots).await;
     let summary = summary_service(&deps, &slots).await;
     let all = deps.settings.concurrency as usize;
     let rest = Duration::from_millis(deps.settings.poll_ms.max(100));
@@ -38,11 +39,14 @@ pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: Canc
     }
 }
 
-async fn memory_service(deps: &Deps) -> Option<MemoryService> {
+async fn memory_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<MemoryService> {
     if !deps.settings.memory_lane {
         return None;
     }
-    match crate::memory::worker_service(deps.pool.clone(), &deps.settings).await {
+    let busy = Some(turns_busy(deps, slots));
+    match crate::memory::worker_service(deps.pool.clone(), &deps.settings, chat_engine(deps), busy)
+        .await
+    {
         Ok(svc) => Some(svc),
         Err(e) => {
             warn!(error = %e, "memory lane off: bad memory settings");
@@ -57,14 +61,24 @@ async fn summary_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<SummaryS
     if !deps.settings.summary_lane {
         return None;
     }
-    let chat_engine = match &deps.generator {
+    let busy = turns_busy(deps, slots);
+    let svc =
+        crate::summary::worker_service(deps.pool.clone(), &deps.settings, chat_engine(deps), busy);
+    Some(svc.await)
+}
+
+/// The chat model's weights, which the lanes share when no model of their own is set.
+fn chat_engine(deps: &Deps) -> Option<Arc<Engine>> {
+    match &deps.generator {
         Generator::Llama(pipeline) => Some(pipeline.engine().clone()),
         Generator::Echo { .. } => None,
-    };
+    }
+}
+
+/// True while any of this worker's turns holds a slot.
+fn turns_busy(deps: &Deps, slots: &Arc<Semaphore>) -> Busy {
     let (slots, all) = (slots.clone(), deps.settings.concurrency as usize);
-    let busy: crate::summary::llm::Busy = Arc::new(move || slots.available_permits() < all);
-    let svc = crate::summary::worker_service(deps.pool.clone(), &deps.settings, chat_engine, busy);
-    Some(svc.await)
+    Arc::new(move || slots.available_permits() < all)
 }
 
 /// One memory job; true if it did work.

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use crate::engine::generate::{self, give_way, Busy, BACKGROUND_PREFILL_CHUNK};
 use crate::engine::Engine;
-use crate::memory::extract;
 
 /// One summary request: a system message, then the user message built from `header`, the
 /// input `lines` (oldest first; the oldest are dropped to fit) and `footer`.
@@ -38,17 +38,6 @@ pub struct Generated {
 
 type Reply = std::result::Result<Generated, String>;
 
-/// True while live turns need the cores; the summary thread waits between decode steps
-/// until it is false. The runner builds it from its turn slots.
-pub type Busy = Arc<dyn Fn() -> bool + Send + Sync>;
-
-/// How often a paused summary looks again.
-const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// Prompt tokens per decode step. A turn that arrives mid-step waits for the step to end:
-/// at the engine's whole batch (512) that was +1.2 s at the median on two cores; the
-/// README's "Summary benchmarks" has the figures at this size (`ops/bench-summary latency`).
-const BACKGROUND_PREFILL_CHUNK: usize = 32;
 type Job = (Prompt, oneshot::Sender<Reply>);
 
 /// The model thread and a handle on its engine (for token counts, which need no context).
@@ -152,19 +141,15 @@ fn run(
         })?;
     let (lines, dropped) = fit_lines(engine, &p.lines, budget);
     let user = format!("{}\n{}\n{}", p.header, lines.join("\n"), p.footer);
-    let mut give_way = || {
-        while busy.is_some_and(|b| b()) {
-            std::thread::sleep(PAUSE_POLL);
-        }
-    };
-    let ask = extract::Ask {
+    let mut wait = || give_way(busy);
+    let ask = generate::Ask {
         system: &p.system,
         user: &user,
         grammar: p.grammar.as_deref(),
         max_tokens: p.max_tokens,
     };
     let (text, truncated) =
-        extract::generate_yielding(engine, ctx, &ask, BACKGROUND_PREFILL_CHUNK, &mut give_way)
+        generate::generate_yielding(engine, ctx, &ask, BACKGROUND_PREFILL_CHUNK, &mut wait)
             .map_err(|e| e.to_string())?;
     Ok(Generated {
         text: text.trim().to_string(),

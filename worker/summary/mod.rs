@@ -27,7 +27,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::engine::{Engine, EngineParams};
+use crate::engine::{Busy, Engine, EngineParams};
 
 /// Errors of the summary layer. Model failures are a variant of their own: callers degrade
 /// on them (seed 004) instead of failing.
@@ -109,7 +109,7 @@ impl SummaryService {
         pool: PgPool,
         config: SummaryConfig,
         engine: Arc<Engine>,
-        busy: Option<llm::Busy>,
+        busy: Option<Busy>,
     ) -> Result<SummaryService> {
         let llm = llm::Summarizer::start(engine, busy).map_err(SummaryError::Model)?;
         Ok(SummaryService::new(pool, config, Some(Arc::new(llm))))
@@ -133,11 +133,7 @@ impl SummaryService {
 
     /// Loads the configured model on a blocking thread. A model that fails to load is an
     /// event and a service without a model, never fatal to the worker.
-    pub async fn load(
-        pool: PgPool,
-        settings: &Settings,
-        busy: Option<llm::Busy>,
-    ) -> SummaryService {
+    pub async fn load(pool: PgPool, settings: &Settings, busy: Option<Busy>) -> SummaryService {
         let config = SummaryConfig::from_settings(settings);
         let Some(path) = config.model_path.clone() else {
             return unavailable(pool, config, "no model configured".into()).await;
@@ -172,7 +168,7 @@ pub async fn worker_service(
     pool: PgPool,
     settings: &Settings,
     chat_engine: Option<Arc<Engine>>,
-    busy: llm::Busy,
+    busy: Busy,
 ) -> SummaryService {
     let shared = chat_engine.filter(|_| settings.summary_model_path.is_none());
     let Some(engine) = shared else {

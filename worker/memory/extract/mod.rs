@@ -2,12 +2,11 @@
 //! people, one line per fact ([`lines`]), a GBNF grammar guarantees the list parses, and
 //! seed 002's filters plus the subject, strict-grounding and negation rules decide what may
 //! be stored. Messages with nothing to remember skip the model ([`skip`]). Also seed 004's
-//! memory-blob merge, and the constrained-generation helper they share ([`generate`]).
+//! memory-blob merge. Generation itself is the engine's ([`crate::engine::generate`]).
 //!
 //! Decoding is greedy with a mild repetition penalty: deterministic, and small models stop
 //! looping. Calls are synchronous; run them on the thread that owns the context.
 
-mod generate;
 pub mod lines;
 pub mod skip;
 mod subject;
@@ -15,11 +14,13 @@ mod words;
 
 use std::sync::Arc;
 
-pub use generate::{generate_warm, generate_yielding, Ask, WarmContext};
 pub use lines::{postprocess, LINES_GRAMMAR, LINES_SYSTEM};
 pub use skip::skip_reason;
 
 use super::filters::{clean_text, is_text_grounded_in_source, FactType, RejectCounts};
+use crate::engine::generate::{
+    generate_warm, give_way, Ask, Busy, GenerateError, WarmContext, BACKGROUND_PREFILL_CHUNK,
+};
 use crate::engine::Engine;
 
 /// Seed 002: at most 4 facts per message.
@@ -29,20 +30,6 @@ pub const MAX_FACTS: usize = 4;
 pub const EXTRACT_MAX_TOKENS: u32 = 160;
 /// Longest merged memory blob kept, in characters (seed 004's "bounded growth").
 pub const MAX_BLOB_CHARS: usize = 1200;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExtractError {
-    #[error("llama.cpp refused the grammar: {0}")]
-    Grammar(String),
-    #[error("prompt of {prompt} tokens plus {max_tokens} to generate does not fit the context of {n_ctx}")]
-    TooLong {
-        prompt: usize,
-        max_tokens: u32,
-        n_ctx: u32,
-    },
-    #[error("decode failed: {0}")]
-    Decode(String),
-}
 
 /// Seed 001's memory kinds: the store's own type.
 pub use super::store::Kind as MemoryKind;
@@ -107,6 +94,8 @@ pub struct Extractor {
     engine: Arc<Engine>,
     /// Token budget per message; see [`EXTRACT_MAX_TOKENS`].
     pub max_tokens: u32,
+    /// Live turns need the cores: every decode step waits while this says so.
+    busy: Option<Busy>,
 }
 
 impl Extractor {
@@ -114,7 +103,15 @@ impl Extractor {
         Extractor {
             engine,
             max_tokens: EXTRACT_MAX_TOKENS,
+            busy: None,
         }
+    }
+
+    /// This extractor, pausing before every decode step while `busy` is true (a worker's
+    /// memory lane: an extraction already running gives way to a turn within one step).
+    pub fn yielding(mut self, busy: Option<Busy>) -> Extractor {
+        self.busy = busy;
+        self
     }
 
     pub fn engine(&self) -> &Engine {
@@ -134,7 +131,7 @@ impl Extractor {
         ctx: &mut WarmContext,
         speaker: &str,
         text: &str,
-    ) -> Result<Extraction, ExtractError> {
+    ) -> Result<Extraction, GenerateError> {
         if let Some(why) = skip_reason(text) {
             let mut ex = Extraction {
                 skipped: Some(why),
@@ -150,8 +147,7 @@ impl Extractor {
             grammar: Some(LINES_GRAMMAR),
             max_tokens: self.max_tokens,
         };
-        let whole = self.engine.params.n_batch as usize;
-        let (raw, truncated) = generate_warm(&self.engine, ctx, &ask, whole, &mut || {})?;
+        let (raw, truncated) = self.generate(ctx, &ask)?;
         let rule_lines = lines::clause_lines(speaker, text);
         let mut all = rule_lines.clone();
         all.extend(raw.lines().map(str::to_string));
@@ -170,7 +166,7 @@ impl Extractor {
         subject: &str,
         blob: &str,
         fact: &str,
-    ) -> Result<String, ExtractError> {
+    ) -> Result<String, GenerateError> {
         let fact = clean_text(fact);
         let blob = clean_text(blob);
         let user = format!(
@@ -188,7 +184,7 @@ impl Extractor {
         ctx: &mut WarmContext,
         name: &str,
         said: &str,
-    ) -> Result<String, ExtractError> {
+    ) -> Result<String, GenerateError> {
         let user = format!(
             "Person: {name}\nWhat the user said: {}\nFact:",
             clean_text(said)
@@ -204,15 +200,25 @@ impl Extractor {
         user: &str,
         grammar: Option<&str>,
         max_tokens: u32,
-    ) -> Result<String, ExtractError> {
+    ) -> Result<String, GenerateError> {
         let ask = Ask {
             system,
             user,
             grammar,
             max_tokens,
         };
-        let whole = self.engine.params.n_batch as usize;
-        generate_warm(&self.engine, ctx, &ask, whole, &mut || {}).map(|(s, _)| s)
+        self.generate(ctx, &ask).map(|(s, _)| s)
+    }
+
+    /// Every call decodes in the background lane's steps, yielding or not, so the lane
+    /// and `ops/bench-extract` give the same greedy answers.
+    fn generate(
+        &self,
+        ctx: &mut WarmContext,
+        ask: &Ask<'_>,
+    ) -> Result<(String, bool), GenerateError> {
+        let mut wait = || give_way(self.busy.as_ref());
+        generate_warm(&self.engine, ctx, ask, BACKGROUND_PREFILL_CHUNK, &mut wait)
     }
 }
 

@@ -1,7 +1,11 @@
-//! Constrained greedy generation on a llama.cpp context, shared by extraction, the memory
-//! blob merge and the summary lane. A [`WarmContext`] remembers what its KV holds, so a
-//! call whose prompt starts like the last one's (the extraction instruction, every time)
-//! decodes only what differs.
+//! Constrained greedy generation on a llama.cpp context for the background lanes (fact
+//! extraction, the memory blob merge, summaries), which share the cores with live turns:
+//! they decode in small steps and wait between steps while a turn needs the cores. A
+//! [`WarmContext`] remembers what its KV holds, so a call whose prompt starts like the
+//! last one's (the extraction instruction, every time) decodes only what differs.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -11,12 +15,46 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
 
-use super::ExtractError;
-use crate::engine::Engine;
+use super::Engine;
 
 const PENALTY_LAST_N: i32 = 64;
 const PENALTY_REPEAT: f32 = 1.1;
 const SEQ: i32 = 0;
+
+/// Why a generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error("llama.cpp refused the grammar: {0}")]
+    Grammar(String),
+    #[error("prompt of {prompt} tokens plus {max_tokens} to generate does not fit the context of {n_ctx}")]
+    TooLong {
+        prompt: usize,
+        max_tokens: u32,
+        n_ctx: u32,
+    },
+    #[error("decode failed: {0}")]
+    Decode(String),
+}
+
+/// True while live turns need the cores; a background lane waits between decode steps
+/// until it is false. The runner builds it from its turn slots.
+pub type Busy = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// How often a paused lane looks again.
+const PAUSE_POLL: Duration = Duration::from_millis(5);
+
+/// Prompt tokens per decode step in a background lane. A turn that arrives mid-step waits
+/// for the step to end: at the engine's whole batch (512) that was +1.2 s at the median on
+/// two cores; the README's "Summary benchmarks" has the figures at this size
+/// (`ops/bench-summary latency`).
+pub const BACKGROUND_PREFILL_CHUNK: usize = 32;
+
+/// Blocks while `busy` says a live turn needs the cores: the `before_decode` of a lane.
+pub fn give_way(busy: Option<&Busy>) {
+    while busy.is_some_and(|b| b()) {
+        std::thread::sleep(PAUSE_POLL);
+    }
+}
 
 /// A context and the tokens its KV holds (prompt and answer of the last call), so the
 /// next call keeps their common prefix instead of prefilling it again.
@@ -63,7 +101,7 @@ pub fn generate_yielding(
     ask: &Ask,
     prefill_chunk: usize,
     before_decode: &mut dyn FnMut(),
-) -> Result<(String, bool), ExtractError> {
+) -> Result<(String, bool), GenerateError> {
     run(
         engine,
         ctx,
@@ -83,7 +121,7 @@ pub fn generate_warm(
     ask: &Ask<'_>,
     prefill_chunk: usize,
     before_decode: &mut dyn FnMut(),
-) -> Result<(String, bool), ExtractError> {
+) -> Result<(String, bool), GenerateError> {
     run(
         engine,
         &mut warm.ctx,
@@ -101,12 +139,12 @@ fn run(
     ask: &Ask<'_>,
     prefill_chunk: usize,
     before_decode: &mut dyn FnMut(),
-) -> Result<(String, bool), ExtractError> {
+) -> Result<(String, bool), GenerateError> {
     let mut prompt = engine.base_tokens(ask.system);
     prompt.extend(engine.block(&engine.frame.user, &[ask.user]));
     let n_ctx = ctx.n_ctx();
     if prompt.len() + ask.max_tokens as usize > n_ctx as usize {
-        return Err(ExtractError::TooLong {
+        return Err(GenerateError::TooLong {
             prompt: prompt.len(),
             max_tokens: ask.max_tokens,
             n_ctx,
@@ -117,12 +155,12 @@ fn run(
         .grammar
         .map(|g| LlamaSampler::grammar(model, g, "root"))
         .transpose()
-        .map_err(|e| ExtractError::Grammar(e.to_string()))?;
+        .map_err(|e| GenerateError::Grammar(e.to_string()))?;
     let mut pick = LlamaSampler::chain_simple([
         LlamaSampler::penalties(model.n_vocab(), PENALTY_LAST_N, PENALTY_REPEAT, 0.0, 0.0),
         LlamaSampler::greedy(),
     ]);
-    let decode_err = |e: &dyn std::fmt::Display| ExtractError::Decode(e.to_string());
+    let decode_err = |e: &dyn std::fmt::Display| GenerateError::Decode(e.to_string());
     // At least the prompt's last token is decoded again: its logits start the answer.
     let keep = common_prefix(held, &prompt).min(prompt.len().saturating_sub(1));
     held.clear();
@@ -187,8 +225,8 @@ fn next_token(
     idx: i32,
     pick: &mut LlamaSampler,
     grammar: Option<&mut LlamaSampler>,
-) -> Result<LlamaToken, ExtractError> {
-    let no_pick = || ExtractError::Decode("the sampler selected no token".into());
+) -> Result<LlamaToken, GenerateError> {
+    let no_pick = || GenerateError::Decode("the sampler selected no token".into());
     let mut cur = ctx.token_data_array_ith(idx);
     pick.apply(&mut cur);
     let mut t = cur.selected_token().ok_or_else(no_pick)?;
