@@ -334,7 +334,9 @@ fn bench_extraction_on_labelled_sample() {
         .filter(|m: &Labelled| half.is_none() || m.half == half)
         .collect();
     assert!(!sample.is_empty(), "no message in {path} for half {half:?}");
-    let engine = engine(&common::smollm2());
+    // A benchmark, alone on the machine: every core, as a worker's lane has them.
+    let all_cores = common::settings(serde_json::json!({"n_threads": 0}));
+    let engine = common::load_engine(&common::smollm2(), &all_cores);
     let mut ex = Extractor::new(engine.clone());
     if let Ok(n) = std::env::var("KVMEM_EXTRACT_MAX_TOKENS") {
         ex.max_tokens = n.parse().expect("KVMEM_EXTRACT_MAX_TOKENS is a number");
