@@ -1,7 +1,7 @@
 //! What the memory lane's fact extraction costs live chat under steady load. Extraction
-//! runs the LLM on every user message and, once started, does not yield to turns (only
-//! new jobs wait for an idle worker), so on a small machine it competes with turns for
-//! the cores. This runs the same steady chat twice, one `kvmem worker` process per phase,
+//! runs the LLM on every user message; a new job waits for an idle worker, and one already
+//! running pauses between decode steps while a turn generates, but the turn still waits
+//! out the step under way and shares the machine's memory bandwidth. This runs the same steady chat twice, one `kvmem worker` process per phase,
 //! once with the memory lane off and once with it on and extracting, and reports turn
 //! latency side by side, whether the lane kept up with the messages (backlog, drops,
 //! extractions per second), and checks that every turn ran exactly once either way.
