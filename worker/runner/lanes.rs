@@ -17,7 +17,8 @@ use crate::summary::SummaryService;
 /// The idle lanes: embedding, extraction and remember/forget jobs queued after turns
 /// commit, and, when those are done, summary jobs (closes, rolling, session, spine). A job
 /// is taken only while none of this worker's turns is generating, so lane work never
-/// stands between a live turn and its engine (a job already running finishes). One job at
+/// stands between a live turn and its engine (a job already running pauses its model
+/// between decode steps while a turn generates; its database work finishes). One job at
 /// a time: memory first, because summaries read what it writes.
 pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationToken) {
     let memory = memory_service(&deps, &slots).await;
