@@ -6,8 +6,9 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::scene::{wait_done, DemoError, Result};
 use crate::queue;
@@ -80,6 +81,13 @@ async fn say(pool: &PgPool, sid: &str, ch: i64, msg: &str, out: &mut String) -> 
     Ok(started.elapsed().as_millis() as u64)
 }
 
+/// The part of a summary session (`demo_sessions.sql`) the wait reads.
+#[derive(Debug, sqlx::FromRow)]
+struct SessionRow {
+    id: i64,
+    ended_at: Option<DateTime<Utc>>,
+}
+
 /// Waits (real time: the close is a real-time behaviour) until the first session has
 /// closed, its summary is stored and the rolling summary its fourth turn queued is made;
 /// returns the session id.
@@ -87,18 +95,12 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
     eprintln!("demo: waiting for the session to go idle and be summarised");
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
-        let rows = sqlx::query(include_str!("../../sql/cmd/demo_sessions.sql"))
+        let rows = sqlx::query_as::<_, SessionRow>(include_str!("../../sql/cmd/demo_sessions.sql"))
             .bind(USER)
             .bind(ch)
             .fetch_all(pool)
             .await?;
-        let closed = rows
-            .first()
-            .filter(|r| {
-                r.get::<Option<chrono::DateTime<chrono::Utc>>, _>("ended_at")
-                    .is_some()
-            })
-            .map(|r| r.get::<i64, _>("id"));
+        let closed = rows.first().filter(|r| r.ended_at.is_some()).map(|r| r.id);
         if let Some(id) = closed {
             if summarised(pool, ch, id).await? {
                 return Ok(id);
@@ -128,35 +130,43 @@ async fn summarised(pool: &PgPool, ch: i64, session: i64) -> Result<bool> {
     Ok(session_done && rolling_done)
 }
 
+/// A session's summary or the error stored instead, as `demo_session_summary.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct SessionSummaryRow {
+    status: String,
+    summary: Option<Value>,
+    error: Option<String>,
+    attempts: i32,
+    elapsed_ms: i32,
+}
+
 async fn report_first(pool: &PgPool, ch: i64, session: i64, out: &mut String) -> Result<()> {
-    let rolling = sqlx::query(include_str!("../../sql/cmd/demo_rolling.sql"))
-        .bind(USER)
-        .bind(ch)
-        .fetch_optional(pool)
-        .await?;
-    if let Some(r) = rolling {
+    let rolling =
+        sqlx::query_as::<_, (String, i32, i32)>(include_str!("../../sql/cmd/demo_rolling.sql"))
+            .bind(USER)
+            .bind(ch)
+            .fetch_optional(pool)
+            .await?;
+    if let Some((content, message_count, elapsed_ms)) = rolling {
         let _ = writeln!(
             out,
-            "\nrolling summary after {} messages ({} ms on the model):\n  {}",
-            r.get::<i32, _>("message_count"),
-            r.get::<i32, _>("elapsed_ms"),
-            r.get::<String, _>("content")
+            "\nrolling summary after {message_count} messages ({elapsed_ms} ms on the model):\n  {content}"
         );
     }
-    let s = sqlx::query(include_str!("../../sql/cmd/demo_session_summary.sql"))
-        .bind(session)
-        .fetch_one(pool)
-        .await?;
+    let s = sqlx::query_as::<_, SessionSummaryRow>(include_str!(
+        "../../sql/cmd/demo_session_summary.sql"
+    ))
+    .bind(session)
+    .fetch_one(pool)
+    .await?;
     let _ = writeln!(
         out,
         "\nsession {session} closed; session summary: status={} attempts={} ({} ms on the model)",
-        s.get::<String, _>("status"),
-        s.get::<i32, _>("attempts"),
-        s.get::<i32, _>("elapsed_ms")
+        s.status, s.attempts, s.elapsed_ms
     );
-    let body = match s.get::<Option<Value>, _>("summary") {
+    let body = match s.summary {
         Some(v) => serde_json::to_string_pretty(&v)?,
-        None => s.get::<Option<String>, _>("error").unwrap_or_default(),
+        None => s.error.unwrap_or_default(),
     };
     let _ = writeln!(out, "{body}");
     Ok(())
@@ -175,20 +185,20 @@ async fn report_second(pool: &PgPool, ch: i64, out: &mut String) -> Result<()> {
 }
 
 async fn report_events(pool: &PgPool, out: &mut String) -> Result<()> {
-    let rows = sqlx::query(include_str!("../../sql/cmd/demo_summary_events.sql"))
-        .bind(USER)
-        .fetch_all(pool)
-        .await?;
+    let rows = sqlx::query_as::<_, (DateTime<Utc>, String, Value)>(include_str!(
+        "../../sql/cmd/demo_summary_events.sql"
+    ))
+    .bind(USER)
+    .fetch_all(pool)
+    .await?;
     let _ = writeln!(out, "\nsummary events (as `kvmem status` reads them):");
-    for r in &rows {
-        let detail: Value = r.get("detail");
+    for (created_at, kind, detail) in &rows {
         let _ = writeln!(
             out,
             "  {} {:<24} {}",
-            r.get::<chrono::DateTime<chrono::Utc>, _>("created_at")
-                .format("%H:%M:%S"),
-            r.get::<String, _>("kind"),
-            short(&detail)
+            created_at.format("%H:%M:%S"),
+            kind,
+            short(detail)
         );
     }
     Ok(())

@@ -2,9 +2,9 @@
 //! Postgres, ordered per user and below live turns, so memory work never blocks a chat
 //! turn and every outcome (including "nothing found") is recorded on the job row.
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::Row;
 
 use super::blob::rebuild_blob;
 use super::search::{content_words, message_key, overlap};
@@ -49,6 +49,19 @@ pub fn clean(text: &str) -> Option<String> {
     (c.chars().count() >= MIN_CLEAN_CHARS).then_some(c)
 }
 
+/// A claimed job, as `job_claim.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct Job {
+    id: i64,
+    user_id: String,
+    character_id: Option<i64>,
+    guild_id: Option<String>,
+    kind: String,
+    /// The message an ingest is about; NULL once that message was deleted.
+    memory_message_id: Option<i64>,
+    payload: serde_json::Value,
+}
+
 /// Claims and runs the next memory job. Embedder and extractor failures are events and
 /// the job still completes (ingestion continues); only database errors fail the call.
 pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
@@ -57,27 +70,25 @@ pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
         .bind(STALE_JOB_SECS)
         .execute(&svc.pool)
         .await?;
-    let claimed = sqlx::query(include_str!("../../sql/memory/job_claim.sql"))
+    let claimed = sqlx::query_as::<_, Job>(include_str!("../../sql/memory/job_claim.sql"))
         .bind(svc.extractor.is_some())
         .fetch_optional(&svc.pool)
         .await;
-    let row = match claimed {
-        Ok(Some(r)) => r,
+    let job = match claimed {
+        Ok(Some(j)) => j,
         Ok(None) => return Ok(Outcome::Empty),
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Outcome::Busy),
         Err(e) => return Err(e.into()),
     };
-    let id: i64 = row.get("id");
-    let kind: String = row.get("kind");
+    let (id, kind, payload) = (job.id, job.kind, job.payload);
     let scope = Scope {
-        user_id: row.get("user_id"),
-        character_id: row.get("character_id"),
-        guild_id: row.get("guild_id"),
+        user_id: job.user_id,
+        character_id: job.character_id,
+        guild_id: job.guild_id,
         channel_id: None,
     };
-    let payload: serde_json::Value = row.get("payload");
     let res = match kind.as_str() {
-        "ingest" => ingest(svc, row.get("memory_message_id")).await,
+        "ingest" => ingest(svc, job.memory_message_id).await,
         "remember" => remember(svc, &scope, &payload).await,
         "forget" => forget(svc, &scope, &payload).await,
         "line" => lore::remember_line(svc, &scope, &payload).await,
@@ -124,28 +135,42 @@ async fn finish(
     Ok(())
 }
 
+/// The message an ingest job is about, as `job_message.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct JobMessage {
+    user_id: String,
+    character_id: Option<i64>,
+    guild_id: Option<String>,
+    channel_id: Option<String>,
+    session_id: String,
+    message_id: String,
+    speaker: String,
+    text: String,
+    /// The previous message of the session, if any.
+    context: Option<String>,
+    at: DateTime<Utc>,
+    unembedded: bool,
+}
+
 async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json::Value> {
     let Some(mid) = message else {
         return Ok(json!({"skipped": "message deleted"}));
     };
-    let Some(m) = sqlx::query(include_str!("../../sql/memory/job_message.sql"))
+    let Some(m) = sqlx::query_as::<_, JobMessage>(include_str!("../../sql/memory/job_message.sql"))
         .bind(mid)
         .fetch_optional(&svc.pool)
         .await?
     else {
         return Ok(json!({"skipped": "message deleted"}));
     };
-    let user: String = m.get("user_id");
-    let speaker: String = m.get("speaker");
-    let text: String = m.get("text");
+    let (user, speaker, text) = (m.user_id, m.speaker, m.text);
     let Some(cleaned) = clean(&text) else {
         return Ok(json!({"skipped": "too short"}));
     };
     let mut result = json!({"embedded": false, "facts": 0});
-    if m.get::<bool, _>("unembedded") {
-        let ctx: Option<String> = m.get("context");
+    if m.unembedded {
         if let Some(v) = svc
-            .embed(vec![message_key(&speaker, &text, ctx.as_deref())])
+            .embed(vec![message_key(&speaker, &text, m.context.as_deref())])
             .await
         {
             sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
@@ -163,17 +188,15 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     if speaker == "assistant" {
         return Ok(result);
     }
-    let message_id: String = m.get("message_id");
+    let message_id = m.message_id;
     // Todos are persona-scoped: a message said to no character makes none. A replay's
     // copy of a message (`replay:<run>:<source>`) is not said again: replaying a session
     // must not reopen the todos its later messages closed.
-    let session: String = m.get("session_id");
     let character = m
-        .get::<Option<i64>, _>("character_id")
-        .filter(|_| !crate::turn::is_replay(&session));
+        .character_id
+        .filter(|_| !crate::turn::is_replay(&m.session_id));
     if let Some(character) = character {
-        let at = m.get("at");
-        let applied = todos::apply(&svc.pool, &user, character, &message_id, &text, at).await?;
+        let applied = todos::apply(&svc.pool, &user, character, &message_id, &text, m.at).await?;
         result["todos"] = json!(applied);
     }
     let Some(extractor) = svc.extractor.clone() else {
@@ -211,15 +234,15 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     for f in facts.into_iter().take(MAX_FACTS_PER_MESSAGE) {
         let mut nm = NewMemory::new(&user, f.kind, f.fact_type, &f.text, Source::Extraction);
         nm.character_id = None;
-        nm.guild_id = m.get("guild_id");
-        nm.channel_id = m.get("channel_id");
+        nm.guild_id = m.guild_id.clone();
+        nm.channel_id = m.channel_id.clone();
         nm.entity_refs = f.entity_refs;
         nm.entity_label = f.entity_label;
         nm.importance = f.importance.unwrap_or(1).clamp(0, 3);
         nm.confidence = f.confidence.unwrap_or(0.7).clamp(0.0, 1.0);
         nm.evidence_text = f.evidence_text;
         nm.source_message_ids = vec![message_id.clone()];
-        nm.valid_from = m.get("at");
+        nm.valid_from = m.at;
         svc.embed_memory(&mut nm).await;
         match store::upsert(&svc.pool, nm).await {
             Ok(_) => stored += 1,

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::Row;
 
 use super::context_manager::{bullet_summary, ContextCompactor, ContextManager, HistoryEntry};
 use super::llm::{Prompt, Summarizer};
@@ -28,6 +28,16 @@ pub struct CompactionReport {
     pub boundary_message_id: i64,
     /// The model failed and the seed's bullet list was used instead.
     pub model_fallback: bool,
+}
+
+/// A dialogue message as the summary lane's SQL returns it (`session_history.sql` here,
+/// `span_messages.sql` in [`super::jobs`]).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(super) struct MessageRow {
+    pub id: i64,
+    pub role: String,
+    pub content: String,
+    pub created_at: DateTime<Utc>,
 }
 
 /// The model's summary of `entries`, or `None` when it failed.
@@ -68,28 +78,28 @@ pub async fn compact_session(
         .load(session_id)
         .await
         .map_err(|e| SummaryError::Invalid(e.to_string()))?;
-    let stored = sqlx::query(include_str!("../../sql/summary/compaction_get.sql"))
-        .bind(session_id)
-        .fetch_optional(&svc.pool)
-        .await?;
-    let boundary: i64 = stored.as_ref().map_or(0, |r| r.get("boundary_message_id"));
-    if let Some(r) = &stored {
-        ctx.long_term_summary = r.get("long_term_summary");
+    let stored =
+        sqlx::query_as::<_, (i64, String)>(include_str!("../../sql/summary/compaction_get.sql"))
+            .bind(session_id)
+            .fetch_optional(&svc.pool)
+            .await?;
+    let boundary = stored.as_ref().map_or(0, |(b, _)| *b);
+    if let Some((_, summary)) = stored {
+        ctx.long_term_summary = summary;
     }
-    let rows = sqlx::query(include_str!("../../sql/summary/session_history.sql"))
-        .bind(session_id)
-        .bind(boundary)
-        .fetch_all(&svc.pool)
-        .await?;
-    let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+    let rows =
+        sqlx::query_as::<_, MessageRow>(include_str!("../../sql/summary/session_history.sql"))
+            .bind(session_id)
+            .bind(boundary)
+            .fetch_all(&svc.pool)
+            .await?;
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
     ctx.recent_history = rows
-        .iter()
+        .into_iter()
         .map(|r| HistoryEntry {
-            timestamp: r
-                .get::<chrono::DateTime<chrono::Utc>, _>("created_at")
-                .timestamp(),
-            role: r.get("role"),
-            content: r.get("content"),
+            timestamp: r.created_at.timestamp(),
+            role: r.role,
+            content: r.content,
             token_count: None,
         })
         .collect();

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, NaiveDate, NaiveTime, TimeZone, Timelike, Utc};
 use serde::Serialize;
 use serde_json::json;
-use sqlx::Row;
 
 use super::cache::{content_hash, record, DayMap, Source};
 use super::llm::Prompt;
@@ -229,6 +228,17 @@ messages in XML. For each user: notable events or experiences they mentioned, th
 topics they discussed, behaviour they showed, and what others revealed about them. Third \
 person, about 300 characters per user. Answer with a JSON object from user id to summary.";
 
+/// One message of a batch, as `day_messages.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct DayMessage {
+    user_id: String,
+    /// Set on turn messages: the character the user talked to.
+    character_id: Option<i64>,
+    speaker: String,
+    text: String,
+    at: DateTime<Utc>,
+}
+
 /// The batch's users (in order of first message) and its messages in seed 004's XML.
 pub async fn day_lines(
     svc: &SummaryService,
@@ -236,7 +246,7 @@ pub async fn day_lines(
     start: DateTime<Utc>,
     end: DateTime<Utc>,
 ) -> Result<(Vec<String>, Vec<String>)> {
-    let rows = sqlx::query(include_str!("../../sql/summary/day_messages.sql"))
+    let rows = sqlx::query_as::<_, DayMessage>(include_str!("../../sql/summary/day_messages.sql"))
         .bind(&batch.guild)
         .bind(start)
         .bind(end)
@@ -246,12 +256,11 @@ pub async fn day_lines(
         .await?;
     let mut users: Vec<String> = Vec::new();
     let mut lines = Vec::new();
-    for r in &rows {
-        let user: String = r.get("user_id");
-        let speaker: String = r.get("speaker");
-        let (author_id, author) = match speaker.as_str() {
+    for r in rows {
+        let user = r.user_id;
+        let (author_id, author) = match r.speaker.as_str() {
             "assistant" => {
-                let character = r.get::<Option<i64>, _>("character_id").unwrap_or(0);
+                let character = r.character_id.unwrap_or(0);
                 (format!("character:{character}"), "character".to_string())
             }
             "user" => (user.clone(), user.clone()),
@@ -260,7 +269,7 @@ pub async fn day_lines(
         if !users.contains(&user) {
             users.push(user);
         }
-        lines.push(xml_message(r.get("at"), &author_id, &author, r.get("text")));
+        lines.push(xml_message(r.at, &author_id, &author, &r.text));
     }
     Ok((users, lines))
 }

@@ -5,8 +5,8 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use sqlx::Row;
 
+use super::compaction::MessageRow;
 use super::llm::Prompt;
 use super::schema::{self, SessionSummary};
 use super::{clip, event, spine, Result, SummaryError, SummaryService};
@@ -23,8 +23,8 @@ pub const SESSION_LINES: i64 = 400;
 /// A lane job's outcome, as the memory lane reports its own.
 pub use crate::memory::jobs::Outcome;
 
-/// A claimed job.
-#[derive(Debug, Clone)]
+/// A claimed job, as `job_claim.sql` returns it.
+#[derive(Debug, Clone, sqlx::FromRow)]
 struct Job {
     id: i64,
     kind: String,
@@ -32,6 +32,16 @@ struct Job {
     character_id: Option<i64>,
     session_id: Option<i64>,
     payload: Value,
+}
+
+impl Job {
+    /// Whether the payload has a `rebuild` key, whatever its value (`kvmem summary
+    /// rebuild` sets it).
+    fn is_rebuild(&self) -> bool {
+        self.payload
+            .as_object()
+            .is_some_and(|o| o.contains_key("rebuild"))
+    }
 }
 
 /// Claims and runs the next summary job due now.
@@ -51,23 +61,15 @@ pub async fn process_next_summary_job_at(
         .bind(STALE_JOB_SECS)
         .execute(&svc.pool)
         .await?;
-    let claimed = sqlx::query(include_str!("../../sql/summary/job_claim.sql"))
+    let claimed = sqlx::query_as::<_, Job>(include_str!("../../sql/summary/job_claim.sql"))
         .bind(now)
         .fetch_optional(&svc.pool)
         .await;
-    let row = match claimed {
-        Ok(Some(r)) => r,
+    let job = match claimed {
+        Ok(Some(j)) => j,
         Ok(None) => return Ok(Outcome::Empty),
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Outcome::Busy),
         Err(e) => return Err(e.into()),
-    };
-    let job = Job {
-        id: row.get("id"),
-        kind: row.get("kind"),
-        user_id: row.get("user_id"),
-        character_id: row.get("character_id"),
-        session_id: row.get("session_id"),
-        payload: row.get("payload"),
     };
     let res = match job.kind.as_str() {
         "close" => close(svc, &job, now).await,
@@ -127,23 +129,31 @@ async fn finish(svc: &SummaryService, job: Job, res: Result<Option<Value>>) -> R
     }
 }
 
+/// What `close_if_idle.sql` says of a session.
+#[derive(Debug, sqlx::FromRow)]
+struct CloseCheck {
+    closed: bool,
+    already_closed: bool,
+    due_at: DateTime<Utc>,
+}
+
 /// Closes the session when it has been idle 30 minutes at `now`; else waits for that.
 async fn close(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
     let sid = job
         .session_id
         .ok_or_else(|| SummaryError::Invalid("close without session".into()))?;
-    let row = sqlx::query(include_str!("../../sql/summary/close_if_idle.sql"))
-        .bind(sid)
-        .bind(now)
-        .fetch_one(&svc.pool)
-        .await?;
-    if row.get::<bool, _>("closed") || row.get::<bool, _>("already_closed") {
-        return Ok(Some(json!({"closed": row.get::<bool, _>("closed")})));
+    let check =
+        sqlx::query_as::<_, CloseCheck>(include_str!("../../sql/summary/close_if_idle.sql"))
+            .bind(sid)
+            .bind(now)
+            .fetch_one(&svc.pool)
+            .await?;
+    if check.closed || check.already_closed {
+        return Ok(Some(json!({"closed": check.closed})));
     }
-    let due: DateTime<Utc> = row.get("due_at");
     sqlx::query(include_str!("../../sql/summary/job_defer.sql"))
         .bind(job.id)
-        .bind(due)
+        .bind(check.due_at)
         .execute(&svc.pool)
         .await?;
     Ok(None)
@@ -166,7 +176,7 @@ async fn span(
     upto: i64,
     limit: i64,
 ) -> Result<(Vec<String>, i64)> {
-    let rows = sqlx::query(include_str!("../../sql/summary/span_messages.sql"))
+    let rows = sqlx::query_as::<_, MessageRow>(include_str!("../../sql/summary/span_messages.sql"))
         .bind(user)
         .bind(character)
         .bind(after)
@@ -174,11 +184,8 @@ async fn span(
         .bind(limit)
         .fetch_all(&svc.pool)
         .await?;
-    let last = rows.last().map_or(after, |r| r.get::<i64, _>("id"));
-    let lines = rows
-        .iter()
-        .map(|r| line(r.get("role"), r.get("content")))
-        .collect();
+    let last = rows.last().map_or(after, |r| r.id);
+    let lines = rows.iter().map(|r| line(&r.role, &r.content)).collect();
     Ok((lines, last))
 }
 
@@ -187,24 +194,32 @@ a character. Update the previous summary with the new messages. Keep what still 
 the previous summary, add what is new, drop small talk. Write at most 4 short plain sentences \
 in the third person. Answer with the summary only.";
 
+/// A user and character's `session_state`, as `state_get.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct StateRow {
+    message_count: i32,
+    rolling_summary: String,
+    rolling_last_message_id: i64,
+}
+
 /// Seed 001's rolling summary: previous summary + the messages since it → a new version of
 /// at most 600 characters. Every version is kept; diagnostics go on `session_state`.
 async fn rolling(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
     let character = job
         .character_id
         .ok_or_else(|| SummaryError::Invalid("rolling without character".into()))?;
-    let st = sqlx::query(include_str!("../../sql/summary/state_get.sql"))
+    let st = sqlx::query_as::<_, StateRow>(include_str!("../../sql/summary/state_get.sql"))
         .bind(&job.user_id)
         .bind(character)
         .fetch_one(&svc.pool)
         .await?;
-    let previous: String = st.get("rolling_summary");
-    let message_count: i32 = st.get("message_count");
-    let rebuild = job.payload.get("rebuild").is_some();
+    let previous = st.rolling_summary;
+    let message_count = st.message_count;
+    let rebuild = job.is_rebuild();
     let after: i64 = if rebuild {
         0
     } else {
-        st.get("rolling_last_message_id")
+        st.rolling_last_message_id
     };
     sqlx::query(include_str!("../../sql/summary/rolling_attempt.sql"))
         .bind(&job.user_id)
@@ -300,24 +315,32 @@ character as JSON. Write about the user in the third person, with the names and 
 conversation gives: what happened, what mattered to the user, what is still unresolved, what \
 anyone promised, who was mentioned, and the mood. Never copy these instructions.";
 
+/// The part of a summary session (`session_get.sql`) its summary reads.
+#[derive(Debug, sqlx::FromRow)]
+struct SessionRow {
+    user_id: String,
+    character_id: i64,
+    first_message_id: i64,
+    last_message_id: i64,
+}
+
 /// Seed 001's session summary: grammar-constrained JSON, validated, retried with the
 /// reason, then stored as an error with the raw answers when it never validates.
 async fn session_summary(svc: &SummaryService, job: &Job) -> Result<Option<Value>> {
     let sid = job
         .session_id
         .ok_or_else(|| SummaryError::Invalid("session job without session".into()))?;
-    let s = sqlx::query(include_str!("../../sql/summary/session_get.sql"))
+    let s = sqlx::query_as::<_, SessionRow>(include_str!("../../sql/summary/session_get.sql"))
         .bind(sid)
         .fetch_one(&svc.pool)
         .await?;
-    let (user, character): (String, i64) = (s.get("user_id"), s.get("character_id"));
-    let first: i64 = s.get("first_message_id");
+    let (user, character) = (s.user_id, s.character_id);
     let (lines, _) = span(
         svc,
         &user,
         character,
-        first - 1,
-        s.get("last_message_id"),
+        s.first_message_id - 1,
+        s.last_message_id,
         SESSION_LINES,
     )
     .await?;
@@ -440,6 +463,17 @@ pub async fn summarise_session(svc: &SummaryService, lines: Vec<String>) -> Sess
     }
 }
 
+/// What `spine_inputs.sql` returns: the user's total, the latest spine (NULLs before the
+/// first) and the summaries made since.
+#[derive(Debug, sqlx::FromRow)]
+struct SpineInputsRow {
+    total: i32,
+    content: Option<String>,
+    message_total_at: Option<i32>,
+    sessions: Value,
+    rolling: Value,
+}
+
 /// Seed 001's spine: a new version per 20 user messages, from the previous version, the
 /// session summaries since it and the current rolling summaries.
 async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>> {
@@ -448,22 +482,22 @@ async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>>
         .bind(20)
         .fetch_one(&svc.pool)
         .await?;
-    let r = sqlx::query(include_str!("../../sql/summary/spine_inputs.sql"))
+    let r = sqlx::query_as::<_, SpineInputsRow>(include_str!("../../sql/summary/spine_inputs.sql"))
         .bind(&job.user_id)
         .fetch_one(&svc.pool)
         .await?;
-    let total: i32 = r.get("total");
-    let at: i32 = r.get::<Option<i32>, _>("message_total_at").unwrap_or(0);
-    let rebuild = job.payload.get("rebuild").is_some();
+    let total = r.total;
+    let at = r.message_total_at.unwrap_or(0);
+    let rebuild = job.is_rebuild();
     if total - at < every && !rebuild {
         return Ok(Some(
             json!({"skipped": "fewer new messages than summary_spine_every"}),
         ));
     }
     let inputs = spine::Inputs {
-        previous: r.get::<Option<String>, _>("content").unwrap_or_default(),
-        sessions: r.get("sessions"),
-        rolling: r.get("rolling"),
+        previous: r.content.unwrap_or_default(),
+        sessions: r.sessions,
+        rolling: r.rolling,
     };
     let made = spine::make(svc, &inputs).await?;
     let version: i32 = sqlx::query_scalar(include_str!("../../sql/summary/spine_insert.sql"))
