@@ -8,7 +8,6 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kvmem::cmd::status;
 use kvmem::config::Settings;
-use kvmem::engine::{Engine, EngineParams};
 use kvmem::runner::{self, Deps};
 use kvmem::system::{self, Model};
 use kvmem::{db, queue, telemetry};
@@ -188,7 +187,7 @@ async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
 
 async fn digest(session: &str, store: bool, settings: &Settings) -> Result<()> {
     let pool = db::connect(settings.database_url()?, 1).await?;
-    let tok = token_counter(settings)?;
+    let tok = token_counter(settings).await?;
     let max = settings.digest_max_tokens as usize;
     let built = if store {
         let metrics = kvmem::metrics::global();
@@ -239,11 +238,7 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .await
         .with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, "kvserver listening");
-    let memory = kvmem::memory::MemoryService::new(
-        pool.clone(),
-        kvmem::memory::MemoryConfig::from_settings(&settings)?,
-    )
-    .await;
+    let memory = kvmem::memory::MemoryService::from_settings(pool.clone(), &settings, true).await?;
     let state = kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
     let server = kvmem::http::serve(listener, state, shutdown.clone());
     let Some(mut worker) = worker else {
@@ -333,13 +328,11 @@ fn db_message(e: &queue::QueueError) -> String {
 }
 
 /// The model's tokenizer when a model is configured, else the word counter.
-fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::context::tokens::TokenCount>> {
+async fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::context::tokens::TokenCount>> {
     Ok(match &settings.model_path {
-        Some(path) => Arc::new(Engine::load(
-            path,
-            settings.model_sha.as_deref(),
-            EngineParams::from_settings(settings),
-        )?),
+        Some(_) => {
+            system::load_model(settings).await? as Arc<dyn kvmem::context::tokens::TokenCount>
+        }
         None => Arc::new(kvmem::context::tokens::WordCount),
     })
 }

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use super::import::{self, ExtractMode};
 use super::search::{self, SearchRequest};
 use super::store::{self, Scope};
-use super::{cards, jobs, render, todos, MemoryConfig, MemoryError, MemoryService, RankerKind};
+use super::{cards, jobs, render, todos, MemoryError, MemoryService, RankerKind};
 use crate::config::{ConfigError, Settings};
 use crate::db::{self, DbError};
 
@@ -213,7 +213,6 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
 pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
     let pool = db::connect(settings.database_url()?, 4).await?;
     db::migrate(&pool).await?;
-    let config = MemoryConfig::from_settings(&settings)?;
     let needs_embedder = !matches!(
         args.command,
         MemoryCommand::Cards { .. }
@@ -224,16 +223,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             | MemoryCommand::Todos { .. }
             | MemoryCommand::Work
     );
-    let svc = if needs_embedder {
-        MemoryService::new(pool.clone(), config).await
-    } else {
-        MemoryService {
-            pool: pool.clone(),
-            config,
-            embedder: None,
-            extractor: None,
-        }
-    };
+    let svc = MemoryService::from_settings(pool.clone(), &settings, needs_embedder).await?;
     match args.command {
         MemoryCommand::Import {
             file,

@@ -142,7 +142,7 @@ pub async fn worker_service(
     chat_engine: Option<Arc<Engine>>,
     busy: Option<Busy>,
 ) -> Result<MemoryService> {
-    let svc = MemoryService::new(pool, MemoryConfig::from_settings(settings)?).await;
+    let svc = MemoryService::from_settings(pool, settings, true).await?;
     if !settings.memory_extract {
         return Ok(svc);
     }
@@ -216,6 +216,26 @@ pub struct MemoryService {
 }
 
 impl MemoryService {
+    /// The memory service `settings` describe: the one place `main`, the turn pipeline, the
+    /// memory lane and the CLI make it. `load_embedder: false` is for commands that never
+    /// embed, so they neither load the model nor warn that it is missing.
+    pub async fn from_settings(
+        pool: PgPool,
+        settings: &Settings,
+        load_embedder: bool,
+    ) -> Result<MemoryService> {
+        let config = MemoryConfig::from_settings(settings)?;
+        if !load_embedder {
+            return Ok(MemoryService {
+                pool,
+                config,
+                embedder: None,
+                extractor: None,
+            });
+        }
+        Ok(MemoryService::new(pool, config).await)
+    }
+
     /// Takes the process's embedder (loaded on first use, then shared by every service) if
     /// it can. A missing or broken model file is not an error (seed
     /// 004's graceful degradation): a loud warning on stderr, an event row, and retrieval

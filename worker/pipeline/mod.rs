@@ -272,8 +272,8 @@ impl TurnPipeline {
     async fn memory(&self) -> Option<&MemoryService> {
         self.memory
             .get_or_init(|| async {
-                match crate::memory::MemoryConfig::from_settings(&self.settings) {
-                    Ok(config) => Some(MemoryService::new(self.db.clone(), config).await),
+                match MemoryService::from_settings(self.db.clone(), &self.settings, true).await {
+                    Ok(svc) => Some(svc),
                     Err(e) => {
                         warn!(error = %e, "recall and in-chat memory commands off: bad memory settings");
                         None
