@@ -346,6 +346,7 @@ impl Settings {
         Ok(settings)
     }
 
+    // Long: one check per setting in the order of config/default.toml, so a reader can match them.
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, problem: &str| {
             Err(ConfigError::Invalid {

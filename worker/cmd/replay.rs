@@ -178,6 +178,7 @@ pub fn scenes_from_jsonl(path: &Path) -> Result<Vec<Scene>, ReplayError> {
 
 /// Queues every scene into a new session on the replay lane, waits for the workers, and
 /// compares. The source session's current facts are copied, so the digest matches.
+// Long: queue, wait and compare walk the same scene list in one pass; split, they would hand it around in pieces.
 pub async fn run(
     pool: &PgPool,
     scenes: &[Scene],

@@ -99,6 +99,7 @@ pub fn rewrite(name: &str, sentences: &[String]) -> String {
 }
 
 /// Runs a `remember_about` job.
+// Long: read the window, pick sentences, ask the model, fall back, store: one job's steps in order, each a few lines.
 pub async fn remember_about(
     svc: &MemoryService,
     scope: &Scope,

@@ -210,6 +210,7 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
 }
 
 /// Runs one `kvmem memory` command against `DATABASE_URL`, migrating first.
+// Long: one arm per `kvmem memory` subcommand.
 pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
     let pool = db::connect(settings.database_url()?, 4).await?;
     db::migrate(&pool).await?;
@@ -560,6 +561,7 @@ fn recall(hits: &[search::Hit], evidence: &[String], k: usize) -> f64 {
         / evidence.len() as f64
 }
 
+// Long: read, check and score the question file, then print: a command's whole run, used only by `memory eval`.
 async fn eval(
     svc: &MemoryService,
     path: &std::path::Path,

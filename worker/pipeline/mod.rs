@@ -112,6 +112,7 @@ impl TurnPipeline {
     }
 
     /// Steps 1–5 for a claimed turn; the runner does step 6 (fenced completion).
+    // Long: the seed's steps in order, as CONTRIBUTING asks of it; each step is already a call.
     pub async fn run_turn(
         &self,
         turn: &ClaimedTurn,

@@ -21,6 +21,7 @@ use crate::turn::ClaimedTurn;
 /// again only when something can have become ready: a NOTIFY, a commit (the session's next
 /// turn), the reaper, the poll timer, or a claim that filled every free place (there may be
 /// more). A freed slot alone only starts a turn already claimed.
+// Long: one loop whose wake-ups share the claim state (waiting, running, claim_now); a struct for it would only move the same lines.
 pub(super) async fn fetch_loop(
     deps: Deps,
     wake: Arc<Notify>,

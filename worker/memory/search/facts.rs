@@ -12,6 +12,7 @@ use super::{
     ranks, Hit, HitKind, SearchRequest, BACKFILL_PER_QUERY, FACT_CANDIDATES, VECTOR_CANDIDATES,
 };
 
+// Long: the fact leg's scoring: two orders, their ranks and the fused score share every local.
 pub(super) async fn memory_hits(
     svc: &MemoryService,
     req: &SearchRequest,
