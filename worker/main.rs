@@ -61,7 +61,7 @@ enum Command {
         store: bool,
     },
     /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
-    Memory(kvmem::memory::cli::MemoryArgs),
+    Memory(kvmem::cmd::memory::MemoryArgs),
     /// Summaries: show, rebuild, work, context, export/import of a seed 003 context.
     Summary(kvmem::summary::cli::SummaryArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
@@ -143,7 +143,7 @@ async fn main() -> Result<()> {
     telemetry::init(&settings);
     match cli.command {
         Command::Demo { scene } => Ok(kvmem::cmd::demo::run(settings, scene).await?),
-        Command::Memory(args) => Ok(kvmem::memory::cli::run(args, settings).await?),
+        Command::Memory(args) => Ok(kvmem::cmd::memory::run(args, settings).await?),
         Command::Summary(args) => Ok(kvmem::summary::cli::run(args, settings).await?),
         Command::Migrate => migrate(&settings).await,
         Command::Worker(args) => worker(args, settings).await,

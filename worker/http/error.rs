@@ -72,13 +72,13 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-impl From<crate::memory::http::HttpError> for ApiError {
-    fn from(e: crate::memory::http::HttpError) -> ApiError {
+impl From<super::memory_api::HttpError> for ApiError {
+    fn from(e: super::memory_api::HttpError) -> ApiError {
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let kind = match e {
-            crate::memory::http::HttpError::BadRequest(_) => "invalid_request_error",
-            crate::memory::http::HttpError::NotFound(_) => "not_found_error",
-            crate::memory::http::HttpError::Internal(_) => "server_error",
+            super::memory_api::HttpError::BadRequest(_) => "invalid_request_error",
+            super::memory_api::HttpError::NotFound(_) => "not_found_error",
+            super::memory_api::HttpError::Internal(_) => "server_error",
         };
         ApiError::new(status, kind, e.to_string())
     }

@@ -24,30 +24,30 @@ fn memory_service(state: &AppState) -> Result<Arc<crate::memory::MemoryService>,
 /// caller's own memories and dialogue, ranked (seed 002's dashboard search).
 pub(super) async fn memory_search(
     State(state): State<AppState>,
-    Query(p): Query<crate::memory::http::SearchParams>,
+    Query(p): Query<super::memory_api::SearchParams>,
 ) -> Result<Response, ApiError> {
     let svc = memory_service(&state)?;
-    let found = crate::memory::http::search(state.pool.clone(), &svc, p).await?;
+    let found = super::memory_api::search(state.pool.clone(), &svc, p).await?;
     Ok(Json(found).into_response())
 }
 
 /// `GET /v1/memory?user=&character=&guild=`: the caller's MEMORY.md-style snapshot.
 pub(super) async fn memory_snapshot(
     State(state): State<AppState>,
-    Query(p): Query<crate::memory::http::SnapshotParams>,
+    Query(p): Query<super::memory_api::SnapshotParams>,
 ) -> Result<Response, ApiError> {
     let svc = memory_service(&state)?;
-    let snap = crate::memory::http::snapshot(state.pool.clone(), &svc, p).await?;
+    let snap = super::memory_api::snapshot(state.pool.clone(), &svc, p).await?;
     Ok(Json(snap).into_response())
 }
 
 /// `POST /v1/memory/refresh?user=…`: archive, fold near-duplicates, re-render.
 pub(super) async fn memory_refresh(
     State(state): State<AppState>,
-    Query(p): Query<crate::memory::http::SnapshotParams>,
+    Query(p): Query<super::memory_api::SnapshotParams>,
 ) -> Result<Response, ApiError> {
     let svc = memory_service(&state)?;
-    let done = crate::memory::http::refresh(state.pool.clone(), &svc, p).await?;
+    let done = super::memory_api::refresh(state.pool.clone(), &svc, p).await?;
     Ok(Json(done).into_response())
 }
 
@@ -72,8 +72,8 @@ pub(super) async fn memory_summary(
 /// characters (an empty list for a character they never spoke to).
 pub(super) async fn memory_todos(
     State(state): State<AppState>,
-    Query(p): Query<crate::memory::http::TodoParams>,
+    Query(p): Query<super::memory_api::TodoParams>,
 ) -> Result<Response, ApiError> {
-    let todos = crate::memory::http::todos(state.pool.clone(), p).await?;
+    let todos = super::memory_api::todos(state.pool.clone(), p).await?;
     Ok(Json(todos).into_response())
 }

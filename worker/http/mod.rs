@@ -26,6 +26,7 @@ mod chat;
 mod error;
 mod hint;
 mod memory;
+pub mod memory_api;
 mod ops;
 
 use chat::chat;

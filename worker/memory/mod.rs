@@ -12,11 +12,9 @@
 pub mod about;
 pub mod blob;
 pub mod cards;
-pub mod cli;
 pub mod embed;
 pub mod extract;
 pub mod filters;
-pub mod http;
 pub mod import;
 pub mod jobs;
 pub mod llm;

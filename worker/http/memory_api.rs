@@ -5,9 +5,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use super::search::{self, SearchRequest, SearchResponse};
-use super::store::Scope;
-use super::{jobs, render, store, todos, MemoryError, MemoryService, RankerKind};
+use crate::memory::search::{self, SearchRequest, SearchResponse};
+use crate::memory::store::Scope;
+use crate::memory::{jobs, render, store, todos, MemoryError, MemoryService, RankerKind};
 
 /// An HTTP-facing error with its status code.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,132 @@
+//! `kvmem memory eval`: recall@k of the rankers over a question file, kept apart from the
+//! other subcommands because it scores rather than reads or writes memory.
+
+use chrono::{DateTime, Utc};
+
+use super::Result;
+use crate::memory::search::{self, SearchRequest};
+use crate::memory::store::Scope;
+use crate::memory::{MemoryError, MemoryService, RankerKind};
+
+#[derive(serde::Deserialize)]
+struct EvalQuestion {
+    user_id: String,
+    question: String,
+    evidence: Vec<String>,
+    #[serde(default)]
+    r#type: Option<String>,
+    #[serde(default)]
+    as_of: Option<DateTime<Utc>>,
+}
+
+/// Share of a question's evidence ids among the first `k` distinct source message ids of
+/// the hits (the measure ops/memory-eval and outside judges use).
+fn recall(hits: &[search::Hit], evidence: &[String], k: usize) -> f64 {
+    if evidence.is_empty() {
+        return 1.0;
+    }
+    let mut got: Vec<&str> = Vec::new();
+    for id in hits.iter().flat_map(|h| h.source_message_ids.iter()) {
+        if got.len() == k {
+            break;
+        }
+        if !got.contains(&id.as_str()) {
+            got.push(id);
+        }
+    }
+    evidence
+        .iter()
+        .filter(|e| got.contains(&e.as_str()))
+        .count() as f64
+        / evidence.len() as f64
+}
+
+// Long: read, check and score the question file, then print: a command's whole run, used only by `memory eval`.
+pub(super) async fn eval(
+    svc: &MemoryService,
+    path: &std::path::Path,
+    rankers: &[RankerKind],
+    use_as_of: bool,
+) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| MemoryError::Invalid(format!("cannot read {}: {e}", path.display())))?;
+    let mut qs: Vec<EvalQuestion> = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        qs.push(
+            serde_json::from_str(line)
+                .map_err(|e| MemoryError::Invalid(format!("line {}: {e}", i + 1)))?,
+        );
+    }
+    let mut types: Vec<String> = qs.iter().filter_map(|q| q.r#type.clone()).collect();
+    types.sort();
+    types.dedup();
+    println!(
+        "{:<9} {:>5} {:>6} {:>6}  {}  p50/p95/p99 ms",
+        "ranker",
+        "n",
+        "R@5",
+        "R@10",
+        types
+            .iter()
+            .map(|t| format!("{t}@10"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for &ranker in rankers {
+        let (mut r5, mut r10) = (0.0, 0.0);
+        let mut by_type: std::collections::BTreeMap<String, (f64, usize)> = Default::default();
+        let mut lat: Vec<f64> = Vec::new();
+        for q in &qs {
+            let req = SearchRequest {
+                scope: Scope::user(&q.user_id),
+                query: q.question.clone(),
+                limit: 20,
+                as_of: if use_as_of { q.as_of } else { None },
+                ranker,
+                strict: false,
+                skip_speaker: None,
+            };
+            let t = std::time::Instant::now();
+            let res = search::search(svc, &req).await?;
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
+            r5 += recall(&res.hits, &q.evidence, 5);
+            let x = recall(&res.hits, &q.evidence, 10);
+            r10 += x;
+            if let Some(t) = &q.r#type {
+                let e = by_type.entry(t.clone()).or_default();
+                e.0 += x;
+                e.1 += 1;
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            lat.get(((lat.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let n = qs.len().max(1) as f64;
+        println!(
+            "{:<9} {:>5} {:>6.3} {:>6.3}  {}  {:.1}/{:.1}/{:.1}",
+            ranker.as_str(),
+            qs.len(),
+            r5 / n,
+            r10 / n,
+            types
+                .iter()
+                .map(|t| {
+                    let (s, c) = by_type.get(t).copied().unwrap_or((0.0, 0));
+                    format!("{:>w$.3}", s / c.max(1) as f64, w = t.len() + 3)
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            pct(0.5),
+            pct(0.95),
+            pct(0.99)
+        );
+    }
+    Ok(())
+}
