@@ -265,3 +265,60 @@ fn a_file_that_is_not_a_model_is_refused_clearly() {
     .unwrap();
     assert!(err.to_string().contains("MODEL_SHA pins"), "{err}");
 }
+
+#[test]
+fn engine_threads_report_a_state_that_cannot_be_built_from_start() {
+    use kvmem::engine::threads::{EngineThreads, StartError};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    let engine = load_engine(&tiny_model(), &settings(serde_json::json!({})));
+    let made = Arc::new(AtomicU32::new(0));
+    let counter = made.clone();
+    let names = (0..3).map(|i| format!("kvmem-test-{i}"));
+    let started = EngineThreads::start(engine, names, move |_: &Engine| {
+        match counter.fetch_add(1, Ordering::SeqCst) {
+            1 => Err("the second thread has no context"),
+            n => Ok(n),
+        }
+    });
+    match started {
+        Err(StartError::Make(e)) => assert_eq!(e, "the second thread has no context"),
+        Err(e) => panic!("{e:?}"),
+        Ok(_) => panic!("started although a thread could not build its state"),
+    }
+    // Threads start one after another: the third was never started.
+    assert_eq!(made.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn engine_threads_report_a_job_that_died_and_threads_that_are_gone() {
+    use kvmem::engine::threads::{EngineThreads, RunError};
+
+    let engine = load_engine(&tiny_model(), &settings(serde_json::json!({})));
+    let names = std::iter::once("kvmem-test".to_string());
+    let threads = EngineThreads::start(engine, names, |_: &Engine| Ok::<u32, String>(0)).unwrap();
+    let name = threads.run_blocking(|_, state| {
+        *state += 1;
+        std::thread::current().name().map(str::to_string)
+    });
+    assert_eq!(name, Ok(Some("kvmem-test".to_string())));
+    assert_eq!(threads.run_blocking(|_, state| *state), Ok(1));
+    let died = threads.run_blocking(|_, _| -> u32 { panic!("a job panics") });
+    assert_eq!(died, Err(RunError::Stopped));
+    // No job waits for a thread that has ended: one queued while it unwinds is dropped
+    // with the queue (stopped), one queued after finds no queue (gone).
+    let after = threads.run_blocking(|_, state| *state);
+    assert!(
+        matches!(after, Err(RunError::Gone | RunError::Stopped)),
+        "{after:?}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while threads.run_blocking(|_, state| *state) != Err(RunError::Gone) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue outlived its thread"
+        );
+        std::thread::yield_now();
+    }
+}

@@ -23,6 +23,7 @@ mod frame;
 pub mod generate;
 pub mod pool;
 mod session;
+pub mod threads;
 
 pub use frame::{Block, ChatFrame};
 pub use generate::{Busy, GenerateError};

@@ -1,13 +1,12 @@
 //! Engine threads, each owning its llama.cpp contexts: a context cannot move between
 //! threads, and llama.cpp work must never block the tokio runtime.
 
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 
 use llama_cpp_2::context::LlamaContext;
 
+use super::threads::{EngineThreads, RunError, StartError};
 use super::{Engine, EngineError};
-
-type Job = Box<dyn FnOnce(&Engine, &mut Contexts) + Send>;
 
 /// One engine thread's contexts.
 pub struct Contexts {
@@ -21,8 +20,7 @@ pub struct Contexts {
 
 /// Engine threads, each owning its contexts. Jobs never run on the tokio runtime.
 pub struct EnginePool {
-    engine: Arc<Engine>,
-    jobs: mpsc::Sender<Job>,
+    threads: EngineThreads<Contexts>,
     slots: u32,
     batch_sessions: u32,
 }
@@ -36,56 +34,28 @@ impl EnginePool {
         slots: u32,
         batch_sessions: u32,
     ) -> Result<EnginePool, EngineError> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        for slot in 0..slots {
-            let (engine, rx) = (engine.clone(), rx.clone());
-            let (ready_tx, ready_rx) = mpsc::channel();
-            std::thread::Builder::new()
-                .name(format!("kvmem-engine-{slot}"))
-                .spawn(move || {
-                    let made = engine.new_context().and_then(|work| {
-                        let batch = (batch_sessions > 1)
-                            .then(|| engine.new_batch_context(batch_sessions))
-                            .transpose()?;
-                        Ok(Contexts { work, batch })
-                    });
-                    let mut ctxs = match made {
-                        Ok(ctxs) => {
-                            let _ = ready_tx.send(Ok(()));
-                            ctxs
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    loop {
-                        let job = match rx.lock() {
-                            Ok(rx) => rx.recv(),
-                            Err(_) => return,
-                        };
-                        match job {
-                            Ok(job) => job(&engine, &mut ctxs),
-                            Err(_) => return,
-                        }
-                    }
-                })
-                .map_err(|e| EngineError::Context(e.to_string()))?;
-            ready_rx
-                .recv()
-                .map_err(|_| EngineError::Context("engine thread died".into()))??;
-        }
+        let names = (0..slots).map(|slot| format!("kvmem-engine-{slot}"));
+        let threads = EngineThreads::start(engine, names, move |engine: &Engine| {
+            let work = engine.new_context()?;
+            let batch = (batch_sessions > 1)
+                .then(|| engine.new_batch_context(batch_sessions))
+                .transpose()?;
+            Ok(Contexts { work, batch })
+        })
+        .map_err(|e| match e {
+            StartError::Spawn(e) => EngineError::Context(e.to_string()),
+            StartError::Make(e) => e,
+            StartError::Died => EngineError::Context("engine thread died".into()),
+        })?;
         Ok(EnginePool {
-            engine,
-            jobs: tx,
+            threads,
             slots,
             batch_sessions,
         })
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+        self.threads.engine()
     }
 
     /// Engine threads.
@@ -112,14 +82,14 @@ impl EnginePool {
         &self,
         f: impl FnOnce(&Engine, &mut Contexts) -> R + Send + 'static,
     ) -> Result<R, EngineError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |engine, ctxs| {
-            let _ = tx.send(f(engine, ctxs));
-        });
-        self.jobs
-            .send(job)
-            .map_err(|_| EngineError::Context("engine threads are gone".into()))?;
-        rx.await
-            .map_err(|_| EngineError::Context("engine thread panicked".into()))
+        self.threads.run(f).await.map_err(|e| {
+            EngineError::Context(
+                match e {
+                    RunError::Gone => "engine threads are gone",
+                    RunError::Stopped => "engine thread panicked",
+                }
+                .into(),
+            )
+        })
     }
 }

@@ -4,12 +4,13 @@
 //! In a worker the thread pauses between decode steps while a live turn generates, so a
 //! summary never competes with a turn for the cores.
 
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::oneshot;
+use llama_cpp_2::context::LlamaContext;
 
 use crate::engine::generate::{self, give_way, Busy, BACKGROUND_PREFILL_CHUNK};
+use crate::engine::threads::{EngineThreads, RunError, StartError};
 use crate::engine::Engine;
 
 /// One summary request: a system message, then the user message built from `header`, the
@@ -38,12 +39,11 @@ pub struct Generated {
 
 type Reply = std::result::Result<Generated, String>;
 
-type Job = (Prompt, oneshot::Sender<Reply>);
-
 /// The model thread and a handle on its engine (for token counts, which need no context).
 pub struct Summarizer {
-    jobs: Mutex<mpsc::Sender<Job>>,
-    engine: Arc<Engine>,
+    thread: EngineThreads<LlamaContext<'static>>,
+    /// Pauses every summary between decode steps while a live turn needs the cores.
+    busy: Option<Busy>,
 }
 
 impl Summarizer {
@@ -52,76 +52,52 @@ impl Summarizer {
         engine: Arc<Engine>,
         busy: Option<Busy>,
     ) -> std::result::Result<Summarizer, String> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let thread_engine = engine.clone();
-        std::thread::Builder::new()
-            .name("kvmem-summary".into())
-            .spawn(move || {
-                let mut ctx = match thread_engine.new_context() {
-                    Ok(ctx) => {
-                        let _ = ready_tx.send(Ok(()));
-                        ctx
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                for (prompt, reply) in rx {
-                    let _ = reply.send(run(&thread_engine, &mut ctx, prompt, busy.as_ref()));
-                }
-            })
-            .map_err(|e| e.to_string())?;
-        ready_rx
-            .recv()
-            .map_err(|_| "summary thread died".to_string())??;
-        Ok(Summarizer {
-            jobs: Mutex::new(tx),
-            engine,
-        })
+        let names = std::iter::once("kvmem-summary".to_string());
+        let thread =
+            EngineThreads::start(engine, names, Engine::new_context).map_err(|e| match e {
+                StartError::Spawn(e) => e.to_string(),
+                StartError::Make(e) => e.to_string(),
+                StartError::Died => "summary thread died".to_string(),
+            })?;
+        Ok(Summarizer { thread, busy })
     }
 
     /// Runs one prompt on the model thread.
     pub async fn generate(&self, prompt: Prompt) -> Reply {
-        self.send(prompt)?
+        let busy = self.busy.clone();
+        self.thread
+            .run(move |engine, ctx| run(engine, ctx, prompt, busy.as_ref()))
             .await
-            .map_err(|_| "summary thread stopped".to_string())?
+            .map_err(stopped)?
     }
 
     /// [`Summarizer::generate`] for blocking code (run it on a blocking thread).
     pub fn generate_blocking(&self, prompt: Prompt) -> Reply {
-        self.send(prompt)?
-            .blocking_recv()
-            .map_err(|_| "summary thread stopped".to_string())?
-    }
-
-    fn send(&self, prompt: Prompt) -> Result<oneshot::Receiver<Reply>, String> {
-        let (tx, rx) = oneshot::channel();
-        self.jobs
-            .lock()
-            .map_err(|_| "summary queue poisoned".to_string())?
-            .send((prompt, tx))
-            .map_err(|_| "summary thread is gone".to_string())?;
-        Ok(rx)
+        let busy = self.busy.clone();
+        self.thread
+            .run_blocking(move |engine, ctx| run(engine, ctx, prompt, busy.as_ref()))
+            .map_err(stopped)?
     }
 
     /// Tokens of `text` as the model counts them.
     pub fn count_tokens(&self, text: &str) -> usize {
-        self.engine.count_tokens(text)
+        self.engine().count_tokens(text)
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
-        &self.engine
+        self.thread.engine()
     }
 }
 
-fn run(
-    engine: &Engine,
-    ctx: &mut llama_cpp_2::context::LlamaContext<'static>,
-    p: Prompt,
-    busy: Option<&Busy>,
-) -> Reply {
+fn stopped(e: RunError) -> String {
+    match e {
+        RunError::Gone => "summary thread is gone",
+        RunError::Stopped => "summary thread stopped",
+    }
+    .to_string()
+}
+
+fn run(engine: &Engine, ctx: &mut LlamaContext<'static>, p: Prompt, busy: Option<&Busy>) -> Reply {
     let started = Instant::now();
     let n_ctx = ctx.n_ctx() as usize;
     let fixed = engine.base_tokens(&p.system).len()
