@@ -347,7 +347,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
 
     // The lane summarises with the extraction model (SmolLM2 here); what it stores must be
     // grounded in what the user said, whichever way it was written.
-    let extractor = kvmem::memory::llm::LlmExtractor::load(
+    let extractor = kvmem::memory::ingest::llm::LlmExtractor::load(
         &smollm2(),
         kvmem::engine::EngineParams::from_settings(&s),
         None,

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use chrono::{DateTime, Duration, Utc};
 use kvmem::memory::import::{self, ExtractMode};
 use kvmem::memory::jobs::{self, Outcome};
-use kvmem::memory::rank::{self, Signals};
+use kvmem::memory::search::rank::{self, Signals};
 use kvmem::memory::search::{self, HitKind, SearchRequest};
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upserted};
 use kvmem::memory::{cards, Embedder, MemoryConfig, MemoryService, RankerKind};

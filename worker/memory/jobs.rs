@@ -6,10 +6,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
 
-use super::blob::rebuild_blob;
+use super::notes::blob::rebuild_blob;
+use super::notes::{about, lore};
 use super::search::{content_words, message_key, overlap};
 use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use super::{about, embed, event, lore, todos, MemoryError, MemoryService, Result};
+use super::{embed, event, todos, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;
@@ -204,7 +205,7 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     };
     // The skip rule is the extraction's first step: such a message is done without the
     // model, and the result says why.
-    if let Some(why) = super::extract::skip_reason(&cleaned) {
+    if let Some(why) = super::ingest::extract::skip_reason(&cleaned) {
         result["extracted"] = json!(true);
         result["extract_skipped"] = json!(why);
         return Ok(result);

@@ -9,17 +9,13 @@
 //! remember/forget), [`todos`] (seed 001's persona-scoped open loops), [`lore`] (memory
 //! lines), [`about`] (remember this about X), [`render`] (journal and MEMORY.md), [`cli`] and [`http`].
 
-pub mod about;
-pub mod blob;
 pub mod cards;
 pub mod embed;
-pub mod extract;
 pub mod filters;
 pub mod import;
+pub mod ingest;
 pub mod jobs;
-pub mod llm;
-pub mod lore;
-pub mod rank;
+pub mod notes;
 pub mod render;
 pub mod search;
 pub mod store;
@@ -147,7 +143,8 @@ pub async fn worker_service(
     let own_path = settings.memory_extract_model_path.clone();
     let started = match (own_path, chat_engine) {
         (None, Some(engine)) => {
-            tokio::task::spawn_blocking(move || llm::LlmExtractor::start(engine, busy)).await
+            tokio::task::spawn_blocking(move || ingest::llm::LlmExtractor::start(engine, busy))
+                .await
         }
         (path, _) => {
             let Some(path) = path.or_else(|| settings.model_path.clone()) else {
@@ -157,7 +154,10 @@ pub async fn worker_service(
                 return Ok(svc);
             };
             let params = crate::engine::EngineParams::from_settings(settings);
-            tokio::task::spawn_blocking(move || llm::LlmExtractor::load(&path, params, busy)).await
+            tokio::task::spawn_blocking(move || {
+                ingest::llm::LlmExtractor::load(&path, params, busy)
+            })
+            .await
         }
     };
     match started {

@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, Utc};
 
-use super::super::rank::{self, Signals};
 use super::super::{embed, store, MemoryService, RankerKind, Result};
+use super::rank::{self, Signals};
 use super::rows::channel_score;
 use super::vector::store_backfill;
 use super::words::overlap;

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use sqlx::PgPool;
 
-use super::super::rank;
 use super::super::Result;
+use super::rank;
 use super::rows::{fetch_messages, MsgRow};
 use super::SearchRequest;
 

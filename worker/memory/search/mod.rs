@@ -13,6 +13,7 @@ mod facts;
 mod lexical;
 mod lifts;
 mod messages;
+pub mod rank;
 mod rows;
 mod vector;
 mod words;

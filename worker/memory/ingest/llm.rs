@@ -1,15 +1,15 @@
 //! The memory lane's LLM extractor: seed 002's grammar-constrained extraction and filters
-//! ([`super::extract`]) behind the [`Extractor`] seam the jobs call. A llama.cpp context
+//! ([`crate::memory::ingest::extract`]) behind the [`Extractor`] seam the jobs call. A llama.cpp context
 //! cannot move between threads, so one thread owns it and extractions queue for it.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use super::extract::{self, FactCandidate};
-use super::{ExtractedFact, Extractor};
 use crate::engine::generate::WarmContext;
 use crate::engine::threads::{EngineThreads, RunError, StartError};
 use crate::engine::{Busy, Engine, EngineParams};
+use crate::memory::ingest::extract::{self, FactCandidate};
+use crate::memory::{ExtractedFact, Extractor};
 
 type Reply = std::result::Result<Vec<ExtractedFact>, String>;
 

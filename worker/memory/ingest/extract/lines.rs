@@ -4,17 +4,17 @@
 //! kind and entity come from rules over the line instead, and its subject is checked
 //! against the message and the speaker.
 
-use super::super::filters::{
+use crate::memory::filters::{
     check_fact, clean_text, dedup_key, has_negation, ungrounded_words, FactType, Reason, Verdict,
 };
-use super::subject::{
+use crate::memory::ingest::extract::subject::{
     candidate, named_relations, relation_in, resolve_relation, subject_of, third_party_only,
 };
-use super::words::{
+use crate::memory::ingest::extract::words::{
     lower_words, same_name, split_clauses, ADVERBS, CLAUSE_JOINS, LINKING, NEGATION_JOINS, PETS,
     PREFERENCES, PROJECTS, RELATIONS,
 };
-use super::{Extraction, MAX_FACTS};
+use crate::memory::ingest::extract::{Extraction, MAX_FACTS};
 
 /// One to four lines, each a bullet, a capital, then up to 120 characters: the grammar
 /// guarantees the parse, the model decides how many facts (at least one: whether a
@@ -341,7 +341,7 @@ fn negated_clause_holds(fact: &str, message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::extract::MemoryKind;
+    use crate::memory::ingest::extract::MemoryKind;
 
     const MSG: &str = "My sister Priya lives in Lisbon and works as a nurse.";
 

@@ -8,11 +8,11 @@
 use serde_json::json;
 use sqlx::Row;
 
-use super::blob::{rebuild_blob, third_person};
-use super::filters::{check_fact, Verdict};
-use super::search::content_words;
-use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use super::{MemoryError, MemoryService, Result};
+use crate::memory::filters::{check_fact, Verdict};
+use crate::memory::notes::blob::{rebuild_blob, third_person};
+use crate::memory::search::content_words;
+use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
+use crate::memory::{MemoryError, MemoryService, Result};
 
 /// How far back "the recent conversation" goes, in the user's messages.
 pub const WINDOW_MESSAGES: i64 = 20;
@@ -110,7 +110,7 @@ pub async fn remember_about(
         .ok_or_else(|| MemoryError::Invalid("remember_about job without a name".into()))?;
     let session = payload["session_id"].as_str().unwrap_or_default();
     let turn = payload["turn_id"].as_i64().unwrap_or(0);
-    let rows = sqlx::query(include_str!("../../sql/memory/about_window.sql"))
+    let rows = sqlx::query(include_str!("../../../sql/memory/about_window.sql"))
         .bind(&scope.user_id)
         .bind(session)
         .bind(turn)

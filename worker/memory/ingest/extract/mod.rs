@@ -17,11 +17,11 @@ use std::sync::Arc;
 pub use lines::{postprocess, LINES_GRAMMAR, LINES_SYSTEM};
 pub use skip::skip_reason;
 
-use super::filters::{clean_text, is_text_grounded_in_source, FactType, RejectCounts};
 use crate::engine::generate::{
     generate_warm, give_way, Ask, Busy, GenerateError, WarmContext, BACKGROUND_PREFILL_CHUNK,
 };
 use crate::engine::Engine;
+use crate::memory::filters::{clean_text, is_text_grounded_in_source, FactType, RejectCounts};
 
 /// Seed 002: at most 4 facts per message.
 pub const MAX_FACTS: usize = 4;
@@ -32,7 +32,7 @@ pub const EXTRACT_MAX_TOKENS: u32 = 160;
 pub const MAX_BLOB_CHARS: usize = 1200;
 
 /// Seed 001's memory kinds: the store's own type.
-pub use super::store::Kind as MemoryKind;
+pub use crate::memory::store::Kind as MemoryKind;
 
 /// A fact that passed the filters, with seed 001's entity fields.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -5,9 +5,9 @@
 
 use serde_json::json;
 
-use super::filters::{check_fact, Verdict};
-use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use super::{event, MemoryError, MemoryService, Result};
+use crate::memory::filters::{check_fact, Verdict};
+use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
+use crate::memory::{event, MemoryError, MemoryService, Result};
 
 /// Seed 002's confidence for a memory line.
 pub const LINE_CONFIDENCE: f32 = 0.72;
@@ -24,7 +24,7 @@ pub async fn remember_line(
         .ok_or_else(|| MemoryError::Invalid("line job without text".into()))?;
     let message_id = payload["message_id"].as_str().unwrap_or_default();
     let source: Option<String> =
-        sqlx::query_scalar(include_str!("../../sql/memory/turn_exchange.sql"))
+        sqlx::query_scalar(include_str!("../../../sql/memory/turn_exchange.sql"))
             .bind(&scope.user_id)
             .bind(message_id)
             .fetch_one(&svc.pool)

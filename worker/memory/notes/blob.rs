@@ -2,8 +2,8 @@
 //! third-person prose, rebuilt by every remember, forget and "remember this about X". Its
 //! own file because the lane and "remember this about X" both rebuild it.
 
-use super::store::Scope;
-use super::{MemoryService, Result};
+use crate::memory::store::Scope;
+use crate::memory::{MemoryService, Result};
 
 /// Rewrites a first-person statement in the third person, deterministically ("I live in
 /// Lyon" -> "The user lives in Lyon" is beyond it; "my sister" -> "the user's sister" and
@@ -53,7 +53,7 @@ fn split_punct(w: &str) -> (&str, &str) {
 
 pub async fn rebuild_blob(svc: &MemoryService, scope: &Scope) -> Result<String> {
     let facts: Vec<String> =
-        sqlx::query_scalar(include_str!("../../sql/memory/explicit_facts.sql"))
+        sqlx::query_scalar(include_str!("../../../sql/memory/explicit_facts.sql"))
             .bind(&scope.user_id)
             .bind(&scope.guild_id)
             .fetch_all(&svc.pool)
@@ -71,7 +71,7 @@ pub async fn rebuild_blob(svc: &MemoryService, scope: &Scope) -> Result<String> 
         })
         .collect::<Vec<_>>()
         .join(" ");
-    sqlx::query(include_str!("../../sql/memory/blob_upsert.sql"))
+    sqlx::query(include_str!("../../../sql/memory/blob_upsert.sql"))
         .bind(&scope.user_id)
         .bind(&scope.guild_id)
         .bind(&blob)

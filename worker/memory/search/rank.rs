@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 
-use super::RankerKind;
+use crate::memory::RankerKind;
 
 /// What every ranker may look at for one candidate. Lists (lexical, vector) are ranks
 /// among all candidates, 0 = best; `None` = not in that list.
