@@ -5,10 +5,11 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
+use super::entities;
 use super::search::{Hit, HitKind};
-use super::store::{self, Scope};
+use super::store::Scope;
 use super::Result;
 
 /// One card: `[person:john]: fact1; fact2; fact3`.
@@ -20,8 +21,10 @@ pub struct Card {
     pub text: String,
 }
 
+#[derive(sqlx::FromRow)]
 struct CardRow {
-    r#ref: String,
+    #[sqlx(rename = "ref")]
+    entity_ref: String,
     id: i64,
     text: String,
     pinned: bool,
@@ -36,7 +39,7 @@ pub async fn cards_for_refs(
     refs: Option<&[String]>,
 ) -> Result<Vec<Card>> {
     scope.validate()?;
-    let aliases = store::alias_map(pool, &scope.user_id).await?;
+    let aliases = entities::alias_map(pool, &scope.user_id).await?;
     let canon = |r: &str| aliases.get(r).cloned().unwrap_or_else(|| r.to_string());
     let wanted: Option<Vec<String>> = refs.map(|rs| {
         let mut all: Vec<String> = Vec::new();
@@ -53,7 +56,7 @@ pub async fn cards_for_refs(
         }
         all
     });
-    let rows = sqlx::query(include_str!("../../sql/memory/cards.sql"))
+    let rows = sqlx::query_as::<_, CardRow>(include_str!("../../sql/memory/cards.sql"))
         .bind(&scope.user_id)
         .bind(scope.character_id)
         .bind(&scope.guild_id)
@@ -61,16 +64,8 @@ pub async fn cards_for_refs(
         .fetch_all(pool)
         .await?;
     let mut groups: HashMap<String, Vec<CardRow>> = HashMap::new();
-    for r in &rows {
-        let row = CardRow {
-            r#ref: r.get("ref"),
-            id: r.get("id"),
-            text: r.get("text"),
-            pinned: r.get("pinned"),
-            importance: r.get("importance"),
-            created_at: r.get("created_at"),
-        };
-        groups.entry(canon(&row.r#ref)).or_default().push(row);
+    for row in rows {
+        groups.entry(canon(&row.entity_ref)).or_default().push(row);
     }
     let order: Vec<String> = match refs {
         Some(rs) => {
@@ -131,7 +126,7 @@ pub async fn cards_for_hits(pool: &PgPool, scope: &Scope, hits: &[Hit]) -> Resul
 }
 
 /// A foundation memory (pinned).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, sqlx::FromRow)]
 pub struct Foundation {
     pub id: i64,
     pub text: String,
@@ -141,18 +136,12 @@ pub struct Foundation {
 /// Seed 001's foundation memories: the pinned facts, up to 20.
 pub async fn foundation(pool: &PgPool, scope: &Scope) -> Result<Vec<Foundation>> {
     scope.validate()?;
-    let rows = sqlx::query(include_str!("../../sql/memory/foundation.sql"))
-        .bind(&scope.user_id)
-        .bind(scope.character_id)
-        .bind(&scope.guild_id)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| Foundation {
-            id: r.get("id"),
-            text: r.get("text"),
-            entity_refs: r.get("entity_refs"),
-        })
-        .collect())
+    Ok(
+        sqlx::query_as::<_, Foundation>(include_str!("../../sql/memory/foundation.sql"))
+            .bind(&scope.user_id)
+            .bind(scope.character_id)
+            .bind(&scope.guild_id)
+            .fetch_all(pool)
+            .await?,
+    )
 }

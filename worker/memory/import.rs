@@ -10,7 +10,6 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use serde::{Deserialize, Serialize};
-use sqlx::Row;
 
 use super::search::message_key;
 use super::{MemoryError, MemoryService, Result};
@@ -241,6 +240,18 @@ pub async fn import_file(
     Ok(report)
 }
 
+/// A chunk's message already stored, and what backfilling its vector needs.
+#[derive(sqlx::FromRow)]
+struct Existing {
+    id: i64,
+    user_id: String,
+    message_id: String,
+    unembedded: bool,
+    speaker: String,
+    text: String,
+    context: Option<String>,
+}
+
 /// One chunk: skip stored ids, embed the rest in batches, insert in one transaction.
 async fn import_chunk(
     svc: &MemoryService,
@@ -249,14 +260,15 @@ async fn import_chunk(
 ) -> Result<(usize, usize, usize, usize)> {
     let users: Vec<&str> = chunk.iter().map(|l| l.user_id.as_str()).collect();
     let mids: Vec<&str> = chunk.iter().map(|l| l.message_id.as_str()).collect();
-    let existing = sqlx::query(include_str!("../../sql/memory/import_existing.sql"))
-        .bind(&users)
-        .bind(&mids)
-        .fetch_all(&svc.pool)
-        .await?;
+    let existing =
+        sqlx::query_as::<_, Existing>(include_str!("../../sql/memory/import_existing.sql"))
+            .bind(&users)
+            .bind(&mids)
+            .fetch_all(&svc.pool)
+            .await?;
     let stored: HashSet<(String, String)> = existing
         .iter()
-        .map(|r| (r.get("user_id"), r.get("message_id")))
+        .map(|r| (r.user_id.clone(), r.message_id.clone()))
         .collect();
     let fresh: Vec<&ImportLine> = chunk
         .iter()
@@ -265,14 +277,8 @@ async fn import_chunk(
     // Stored messages still without a vector get one now (a later run backfills).
     let missing: Vec<(i64, String)> = existing
         .iter()
-        .filter(|r| r.get::<bool, _>("unembedded"))
-        .map(|r| {
-            let ctx: Option<String> = r.get("context");
-            (
-                r.get("id"),
-                message_key(r.get("speaker"), r.get("text"), ctx.as_deref()),
-            )
-        })
+        .filter(|r| r.unembedded)
+        .map(|r| (r.id, message_key(&r.speaker, &r.text, r.context.as_deref())))
         .collect();
     let mut texts: Vec<String> = fresh
         .iter()
@@ -344,6 +350,15 @@ async fn import_chunk(
     Ok((inserted, chunk.len() - inserted, embedded, back_vecs.len()))
 }
 
+/// A message still without a vector.
+#[derive(sqlx::FromRow)]
+struct Unembedded {
+    id: i64,
+    speaker: String,
+    text: String,
+    context: Option<String>,
+}
+
 /// Fills every missing message vector (`kvmem memory reindex`); returns how many.
 pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) -> Result<usize> {
     if svc.embedder.is_none() {
@@ -359,23 +374,22 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
     let mut after = 0i64;
     let mut done = 0;
     loop {
-        let rows = sqlx::query(include_str!("../../sql/memory/unembedded_messages.sql"))
-            .bind(user)
-            .bind(after)
-            .bind(CHUNK as i64)
-            .fetch_all(&svc.pool)
-            .await?;
+        let rows = sqlx::query_as::<_, Unembedded>(include_str!(
+            "../../sql/memory/unembedded_messages.sql"
+        ))
+        .bind(user)
+        .bind(after)
+        .bind(CHUNK as i64)
+        .fetch_all(&svc.pool)
+        .await?;
         if rows.is_empty() {
             break;
         }
-        let ids: Vec<i64> = rows.iter().map(|r| r.get("id")).collect();
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         after = *ids.last().expect("non-empty");
         let texts = rows
             .iter()
-            .map(|r| {
-                let ctx: Option<String> = r.get("context");
-                message_key(r.get("speaker"), r.get("text"), ctx.as_deref())
-            })
+            .map(|r| message_key(&r.speaker, &r.text, r.context.as_deref()))
             .collect();
         let vecs = svc
             .embed(texts)

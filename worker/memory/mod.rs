@@ -3,7 +3,8 @@
 //! Postgres next to the queue, so a backend can read them with SQL and a worker can write
 //! them on the memory lane without ever blocking a turn.
 //!
-//! Layout: [`store`] (facts, keys, history, archiving, aliases), [`embed`] (MiniLM on
+//! Layout: [`store`] (facts, keys, history, archiving), [`entities`] (refs, aliases,
+//! merges), [`embed`] (MiniLM on
 //! llama.cpp), [`search`] and [`rank`] (hybrid retrieval), [`cards`] (entity cards and
 //! foundation memories), [`import`] (bulk history), [`jobs`] (the memory lane,
 //! remember/forget), [`todos`] (seed 001's persona-scoped open loops), [`lore`] (memory
@@ -11,6 +12,7 @@
 
 pub mod cards;
 pub mod embed;
+pub mod entities;
 pub mod filters;
 pub mod import;
 pub mod ingest;

@@ -2,11 +2,20 @@
 //! demand instead of kept as files: they are for people and are never read into prompts.
 
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::cards;
 use super::store::{self, Scope};
 use super::{MemoryError, Result};
+
+/// One message of the journal's day.
+#[derive(sqlx::FromRow)]
+struct JournalRow {
+    at: DateTime<Utc>,
+    speaker: String,
+    text: String,
+    session_id: String,
+}
 
 /// `YYYY-MM-DD.md`: one line per message of that UTC day.
 pub async fn journal(pool: &PgPool, scope: &Scope, day: &str) -> Result<String> {
@@ -14,7 +23,7 @@ pub async fn journal(pool: &PgPool, scope: &Scope, day: &str) -> Result<String> 
     let d = NaiveDate::parse_from_str(day, "%Y-%m-%d")
         .map_err(|e| MemoryError::Invalid(format!("--date {day:?} is not YYYY-MM-DD: {e}")))?;
     let start = Utc.from_utc_datetime(&d.and_hms_opt(0, 0, 0).expect("midnight"));
-    let rows = sqlx::query(include_str!("../../sql/memory/journal_day.sql"))
+    let rows = sqlx::query_as::<_, JournalRow>(include_str!("../../sql/memory/journal_day.sql"))
         .bind(&scope.user_id)
         .bind(&scope.guild_id)
         .bind(start)
@@ -22,14 +31,12 @@ pub async fn journal(pool: &PgPool, scope: &Scope, day: &str) -> Result<String> 
         .await?;
     let mut out = format!("# {day}\n\n");
     for r in &rows {
-        let at: DateTime<Utc> = r.get("at");
-        let speaker: String = r.get("speaker");
-        let text: String = r.get("text");
-        let session: String = r.get("session_id");
         out.push_str(&format!(
-            "- {} [{session}] {speaker}: {}\n",
-            at.format("%H:%M:%S"),
-            text.replace('\n', " ")
+            "- {} [{}] {}: {}\n",
+            r.at.format("%H:%M:%S"),
+            r.session_id,
+            r.speaker,
+            r.text.replace('\n', " ")
         ));
     }
     if rows.is_empty() {
@@ -78,14 +85,13 @@ pub async fn snapshot(pool: &PgPool, scope: &Scope) -> Result<String> {
         out.push_str(&format!("- {}\n", c.text));
     }
     out.push_str("\n## Recent journal days\n\n");
-    let days = sqlx::query(include_str!("../../sql/memory/recent_days.sql"))
-        .bind(&scope.user_id)
-        .bind(&scope.guild_id)
-        .fetch_all(pool)
-        .await?;
-    for r in &days {
-        let d: NaiveDate = r.get("day");
-        let n: i64 = r.get("n");
+    let days: Vec<(NaiveDate, i64)> =
+        sqlx::query_as(include_str!("../../sql/memory/recent_days.sql"))
+            .bind(&scope.user_id)
+            .bind(&scope.guild_id)
+            .fetch_all(pool)
+            .await?;
+    for (d, n) in &days {
         out.push_str(&format!("- {d}.md ({n} messages)\n"));
     }
     Ok(out)

@@ -2,13 +2,16 @@
 //! fact updates its row, a contradicting fact becomes a new version with the old one kept
 //! as history, and concurrent writers of one key can neither lose a write nor race.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
 use super::{embed, MemoryError, Result};
+
+/// Entity refs and aliases moved to their own module; their paths here still work.
+pub use super::entities::{
+    alias_map, entity_ref, merge_entities, propose_merges, resolve_refs, slug, MergeProposal,
+};
 
 /// Seed 001's memory types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,36 +68,6 @@ impl Source {
             Source::Lore => "lore",
         }
     }
-}
-
-/// Seed 001's slug rules: lowercase, punctuation removed, spaces and hyphens become `_`.
-pub fn slug(name: &str) -> String {
-    let mut out = String::new();
-    for c in name.trim().chars() {
-        if c == ' ' || c == '-' || c == '_' || c.is_whitespace() {
-            if !out.ends_with('_') && !out.is_empty() {
-                out.push('_');
-            }
-        } else if c.is_alphanumeric() {
-            out.extend(c.to_lowercase());
-        }
-    }
-    out.trim_end_matches('_').to_string()
-}
-
-/// `<type>:<slug>`, or an error naming what is wrong with the ref.
-pub fn entity_ref(raw: &str) -> Result<String> {
-    let (t, name) = raw
-        .split_once(':')
-        .ok_or_else(|| MemoryError::Invalid(format!("entity ref {raw:?} is not <type>:<name>")))?;
-    let t = slug(t);
-    let s = slug(name);
-    if t.is_empty() || s.is_empty() {
-        return Err(MemoryError::Invalid(format!(
-            "entity ref {raw:?} has an empty type or name"
-        )));
-    }
-    Ok(format!("{t}:{s}"))
 }
 
 /// Lowercased, whitespace-collapsed, trailing punctuation dropped: what "the same fact"
@@ -289,17 +262,14 @@ pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
         .bind(&lock_name)
         .execute(&mut *tx)
         .await?;
-    let versions = sqlx::query(include_str!("../../sql/memory/key_versions.sql"))
-        .bind(&m.user_id)
-        .bind(&m.guild_id)
-        .bind(m.character_id)
-        .bind(&key)
-        .fetch_all(&mut *tx)
-        .await?;
-    let versions: Vec<(i64, String, DateTime<Utc>)> = versions
-        .iter()
-        .map(|r| (r.get("id"), r.get("text"), r.get("valid_from")))
-        .collect();
+    let versions: Vec<(i64, String, DateTime<Utc>)> =
+        sqlx::query_as(include_str!("../../sql/memory/key_versions.sql"))
+            .bind(&m.user_id)
+            .bind(&m.guild_id)
+            .bind(m.character_id)
+            .bind(&key)
+            .fetch_all(&mut *tx)
+            .await?;
     let norm = normalise_text(&m.text);
     // The neighbours the new version would sit between in validity order.
     let pos = versions
@@ -315,48 +285,10 @@ pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
     let merge_into = pos.checked_sub(1).and_then(same).or_else(|| same(pos));
     let emb = m.embedding.as_deref().map(embed::to_bytes);
     let outcome = if let Some(id) = merge_into {
-        sqlx::query(include_str!("../../sql/memory/merge.sql"))
-            .bind(id)
-            .bind(m.confidence)
-            .bind(m.importance)
-            .bind(m.pinned)
-            .bind(&m.source_message_ids)
-            .bind(&m.evidence_text)
-            .bind(m.valid_from)
-            .bind(&emb)
-            .bind(&m.embed_model)
-            .execute(&mut *tx)
-            .await?;
+        merge(&mut tx, id, &m, &emb).await?;
         Upserted::Merged { id }
     } else {
-        let subtype = serde_json::json!({
-            "entityType": m.entity_refs.first().and_then(|r| r.split_once(':')).map(|(t, _)| t),
-            "factType": m.fact_type.as_str(),
-        });
-        let id: i64 = sqlx::query_scalar(include_str!("../../sql/memory/insert.sql"))
-            .bind(&m.user_id)
-            .bind(m.character_id)
-            .bind(&m.guild_id)
-            .bind(&m.channel_id)
-            .bind(&m.subject)
-            .bind(m.kind.as_str())
-            .bind(m.fact_type.as_str())
-            .bind(&m.text)
-            .bind(&m.entity_refs)
-            .bind(&m.entity_label)
-            .bind(subtype)
-            .bind(m.importance)
-            .bind(m.pinned)
-            .bind(&key)
-            .bind(m.source.as_str())
-            .bind(m.confidence)
-            .bind(&m.evidence_text)
-            .bind(&m.source_message_ids)
-            .bind(m.valid_from)
-            .bind(&emb)
-            .bind(&m.embed_model)
-            .fetch_one(&mut *tx)
-            .await?;
+        let id = insert(&mut tx, &m, &key, &emb).await?;
         if versions.is_empty() {
             Upserted::Inserted { id }
         } else {
@@ -382,6 +314,61 @@ pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
         Upserted::Versioned { id, .. } => Upserted::Versioned { id, current },
         o => o,
     })
+}
+
+/// The same fact again: its provenance joins the version `id`.
+async fn merge(tx: &mut PgConnection, id: i64, m: &NewMemory, emb: &Option<Vec<u8>>) -> Result<()> {
+    sqlx::query(include_str!("../../sql/memory/merge.sql"))
+        .bind(id)
+        .bind(m.confidence)
+        .bind(m.importance)
+        .bind(m.pinned)
+        .bind(&m.source_message_ids)
+        .bind(&m.evidence_text)
+        .bind(m.valid_from)
+        .bind(emb)
+        .bind(&m.embed_model)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// A new version of `key`; returns its id.
+async fn insert(
+    tx: &mut PgConnection,
+    m: &NewMemory,
+    key: &str,
+    emb: &Option<Vec<u8>>,
+) -> Result<i64> {
+    let subtype = serde_json::json!({
+        "entityType": m.entity_refs.first().and_then(|r| r.split_once(':')).map(|(t, _)| t),
+        "factType": m.fact_type.as_str(),
+    });
+    let id: i64 = sqlx::query_scalar(include_str!("../../sql/memory/insert.sql"))
+        .bind(&m.user_id)
+        .bind(m.character_id)
+        .bind(&m.guild_id)
+        .bind(&m.channel_id)
+        .bind(&m.subject)
+        .bind(m.kind.as_str())
+        .bind(m.fact_type.as_str())
+        .bind(&m.text)
+        .bind(&m.entity_refs)
+        .bind(&m.entity_label)
+        .bind(subtype)
+        .bind(m.importance)
+        .bind(m.pinned)
+        .bind(key)
+        .bind(m.source.as_str())
+        .bind(m.confidence)
+        .bind(&m.evidence_text)
+        .bind(&m.source_message_ids)
+        .bind(m.valid_from)
+        .bind(emb)
+        .bind(&m.embed_model)
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok(id)
 }
 
 /// Seed 002's keep-80 per user and keep-120 per lore subject; soft; pinned never.
@@ -412,7 +399,7 @@ pub async fn archive_ids(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<i
 }
 
 /// A stored memory as retrieval and the views see it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Memory {
     pub id: i64,
     pub user_id: String,
@@ -438,36 +425,6 @@ pub struct Memory {
     pub created_at: DateTime<Utc>,
     #[serde(skip)]
     pub embedding: Option<Vec<u8>>,
-}
-
-impl Memory {
-    fn from_row(r: &sqlx::postgres::PgRow) -> Memory {
-        Memory {
-            id: r.get("id"),
-            user_id: r.get("user_id"),
-            character_id: r.get("character_id"),
-            guild_id: r.get("guild_id"),
-            channel_id: r.get("channel_id"),
-            subject: r.get("subject"),
-            kind: r.get("kind"),
-            fact_type: r.get("fact_type"),
-            text: r.get("text"),
-            entity_refs: r.get("entity_refs"),
-            entity_label: r.get("entity_label"),
-            importance: r.get("importance"),
-            pinned: r.get("pinned"),
-            memory_key: r.get("memory_key"),
-            source: r.get("source"),
-            status: r.get("status"),
-            confidence: r.get("confidence"),
-            evidence_text: r.get("evidence_text"),
-            source_message_ids: r.get("source_message_ids"),
-            valid_from: r.get("valid_from"),
-            valid_to: r.get("valid_to"),
-            created_at: r.get("created_at"),
-            embedding: r.get("embedding"),
-        }
-    }
 }
 
 /// Who is asking: the user is a wall, the character filters reads, the guild is a wall.
@@ -503,118 +460,21 @@ pub async fn facts(
     limit: i64,
 ) -> Result<Vec<Memory>> {
     scope.validate()?;
-    let rows = sqlx::query(include_str!("../../sql/memory/current_facts.sql"))
-        .bind(&scope.user_id)
-        .bind(scope.character_id)
-        .bind(&scope.guild_id)
-        .bind(as_of)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows.iter().map(Memory::from_row).collect())
-}
-
-/// Maps merged spellings to their canonical ref (entity resolution).
-pub async fn resolve_refs(pool: &PgPool, user: &str, refs: &[String]) -> Result<Vec<String>> {
-    if refs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let aliases = alias_map(pool, user).await?;
-    let mut out: Vec<String> = Vec::new();
-    for r in refs {
-        let c = aliases.get(r).cloned().unwrap_or_else(|| r.clone());
-        if !out.contains(&c) {
-            out.push(c);
-        }
-    }
-    Ok(out)
-}
-
-pub async fn alias_map(pool: &PgPool, user: &str) -> Result<HashMap<String, String>> {
-    let rows = sqlx::query(include_str!("../../sql/memory/aliases.sql"))
-        .bind(user)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| (r.get("alias_ref"), r.get("canonical_ref")))
-        .collect())
-}
-
-/// A proposed merge of two near-identical entity slugs of one user.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct MergeProposal {
-    /// The spelling with more facts (ties: the first alphabetically).
-    pub canonical: String,
-    pub alias: String,
-    pub similarity: f32,
-}
-
-/// pg_trgm proposes merges of near-identical slugs within one user's scope
-/// ("makesh" / "mukesh" score 0.4 on the slug part).
-pub async fn propose_merges(
-    pool: &PgPool,
-    user: &str,
-    threshold: f32,
-) -> Result<Vec<MergeProposal>> {
-    let rows = sqlx::query(include_str!("../../sql/memory/propose_merges.sql"))
-        .bind(user)
-        .bind(threshold)
-        .fetch_all(pool)
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let (a, an, b, bn): (String, i64, String, i64) =
-                (r.get("a_ref"), r.get("a_n"), r.get("b_ref"), r.get("b_n"));
-            let (canonical, alias) = if bn > an { (b, a) } else { (a, b) };
-            MergeProposal {
-                canonical,
-                alias,
-                similarity: r.get("sim"),
-            }
-        })
-        .collect())
-}
-
-/// Records a merge: from now on `alias` resolves to `canonical` for this user.
-pub async fn merge_entities(
-    pool: &PgPool,
-    user: &str,
-    alias: &str,
-    canonical: &str,
-    similarity: Option<f32>,
-) -> Result<()> {
-    let (alias, canonical) = (entity_ref(alias)?, entity_ref(canonical)?);
-    if alias == canonical {
-        return Err(MemoryError::Invalid(
-            "cannot merge an entity into itself".into(),
-        ));
-    }
-    sqlx::query(include_str!("../../sql/memory/merge_alias.sql"))
-        .bind(user)
-        .bind(&alias)
-        .bind(&canonical)
-        .bind(similarity)
-        .execute(pool)
-        .await?;
-    Ok(())
+    Ok(
+        sqlx::query_as::<_, Memory>(include_str!("../../sql/memory/current_facts.sql"))
+            .bind(&scope.user_id)
+            .bind(scope.character_id)
+            .bind(&scope.guild_id)
+            .bind(as_of)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slugs_follow_seed_001() {
-        assert_eq!(slug("John Doe"), "john_doe");
-        assert_eq!(slug("Austin, Texas"), "austin_texas");
-        assert_eq!(slug("Dashboard-Redesign!"), "dashboard_redesign");
-        assert_eq!(slug("  Acme  Corp. "), "acme_corp");
-        assert_eq!(entity_ref("Person:John Doe").unwrap(), "person:john_doe");
-        assert!(entity_ref("john").is_err());
-        assert!(entity_ref("person:!!").is_err());
-    }
 
     #[test]
     fn keys_follow_seed_001() {

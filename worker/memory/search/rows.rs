@@ -1,7 +1,7 @@
 //! The candidate messages read back by id, with what the ranking needs of each.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::super::Result;
 use super::ranks;
@@ -14,6 +14,7 @@ pub(super) fn channel_score(want: Option<&str>, have: Option<&str>) -> f64 {
     }
 }
 
+#[derive(sqlx::FromRow)]
 pub(super) struct MsgRow {
     pub(super) id: i64,
     pub(super) session_id: String,
@@ -27,26 +28,13 @@ pub(super) struct MsgRow {
 }
 
 pub(super) async fn fetch_messages(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<MsgRow>> {
-    let rows = sqlx::query(include_str!("../../../sql/memory/messages_by_id.sql"))
-        .persistent(false)
-        .bind(user)
-        .bind(ids)
-        .fetch_all(pool)
-        .await?;
-    let mut out: Vec<MsgRow> = rows
-        .iter()
-        .map(|r| MsgRow {
-            id: r.get("id"),
-            session_id: r.get("session_id"),
-            message_id: r.get("message_id"),
-            speaker: r.get("speaker"),
-            text: r.get("text"),
-            at: r.get("at"),
-            context: r.get("context"),
-            channel_id: r.get("channel_id"),
-            unembedded: r.get("unembedded"),
-        })
-        .collect();
+    let mut out =
+        sqlx::query_as::<_, MsgRow>(include_str!("../../../sql/memory/messages_by_id.sql"))
+            .persistent(false)
+            .bind(user)
+            .bind(ids)
+            .fetch_all(pool)
+            .await?;
     let pos = ranks(ids);
     out.sort_by_key(|r| pos.get(&r.id).copied().unwrap_or(usize::MAX));
     Ok(out)
