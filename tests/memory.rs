@@ -8,12 +8,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Duration, Utc};
-use kvmem::memory::import::{self, ExtractMode};
+use kvmem::memory::ingest::import::{self, ExtractMode};
 use kvmem::memory::jobs::{self, Outcome};
 use kvmem::memory::search::rank::{self, Signals};
-use kvmem::memory::search::{self, HitKind, SearchRequest};
+use kvmem::memory::search::{self, cards, HitKind, SearchRequest};
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upserted};
-use kvmem::memory::{cards, Embedder, MemoryConfig, MemoryService, RankerKind};
+use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
 
 fn minilm() -> PathBuf {

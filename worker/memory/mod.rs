@@ -3,18 +3,17 @@
 //! Postgres next to the queue, so a backend can read them with SQL and a worker can write
 //! them on the memory lane without ever blocking a turn.
 //!
-//! Layout: [`store`] (facts, keys, history, archiving), [`entities`] (refs, aliases,
-//! merges), [`embed`] (MiniLM on
-//! llama.cpp), [`search`] and [`rank`] (hybrid retrieval), [`cards`] (entity cards and
-//! foundation memories), [`import`] (bulk history), [`jobs`] (the memory lane,
-//! remember/forget), [`todos`] (seed 001's persona-scoped open loops), [`lore`] (memory
-//! lines), [`about`] (remember this about X), [`render`] (journal and MEMORY.md), [`cli`] and [`http`].
+//! Rooms: [`store`] (facts, keys, history, archiving, entity refs and aliases, the
+//! screens every stored fact passes), [`search`] (retrieval: the candidate legs, fusion
+//! and ranking, time parsing, entity cards), [`ingest`] (extraction with its grammar, its
+//! model thread, bulk import), [`jobs`] (the memory lane), [`notes`] (the character's own:
+//! remember this about X, memory lines, the explicit-facts blob), [`todos`] (seed 001's
+//! persona-scoped open loops), [`embed`] (MiniLM on llama.cpp, shared by store, search and
+//! ingest) and [`render`] (journal and MEMORY.md, for both faces). The faces themselves
+//! are `cmd::memory` and `http::memory_api`.
 
-pub mod cards;
 pub mod embed;
-pub mod entities;
 pub mod filters;
-pub mod import;
 pub mod ingest;
 pub mod jobs;
 pub mod notes;

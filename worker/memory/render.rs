@@ -4,7 +4,7 @@
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use sqlx::PgPool;
 
-use super::cards;
+use super::search::cards;
 use super::store::{self, Scope};
 use super::{MemoryError, Result};
 

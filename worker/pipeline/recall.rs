@@ -10,9 +10,10 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::memory::search::cards;
 use crate::memory::search::{self, HitKind, SearchRequest};
 use crate::memory::store::Scope;
-use crate::memory::{cards, MemoryService};
+use crate::memory::MemoryService;
 use crate::summary::cache::content_hash;
 use crate::turn::{self, ClaimedTurn};
 

@@ -2,4 +2,5 @@
 //! its grammar and screens, and the thread that runs the extraction model.
 
 pub mod extract;
+pub mod import;
 pub mod llm;

@@ -9,6 +9,7 @@
 //! (the candidate messages read back), `lifts` (speaker and neighbours), `messages` (the
 //! dialogue's legs fused) and `facts` (the extracted facts' scoring).
 
+pub mod cards;
 mod facts;
 mod lexical;
 mod lifts;

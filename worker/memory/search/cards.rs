@@ -7,10 +7,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::entities;
-use super::search::{Hit, HitKind};
-use super::store::Scope;
-use super::Result;
+use crate::memory::search::{Hit, HitKind};
+use crate::memory::store::entities;
+use crate::memory::store::Scope;
+use crate::memory::Result;
 
 /// One card: `[person:john]: fact1; fact2; fact3`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -56,7 +56,7 @@ pub async fn cards_for_refs(
         }
         all
     });
-    let rows = sqlx::query_as::<_, CardRow>(include_str!("../../sql/memory/cards.sql"))
+    let rows = sqlx::query_as::<_, CardRow>(include_str!("../../../sql/memory/cards.sql"))
         .bind(&scope.user_id)
         .bind(scope.character_id)
         .bind(&scope.guild_id)
@@ -137,7 +137,7 @@ pub struct Foundation {
 pub async fn foundation(pool: &PgPool, scope: &Scope) -> Result<Vec<Foundation>> {
     scope.validate()?;
     Ok(
-        sqlx::query_as::<_, Foundation>(include_str!("../../sql/memory/foundation.sql"))
+        sqlx::query_as::<_, Foundation>(include_str!("../../../sql/memory/foundation.sql"))
             .bind(&scope.user_id)
             .bind(scope.character_id)
             .bind(&scope.guild_id)

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::{MemoryError, Result};
+use crate::memory::{MemoryError, Result};
 
 /// Seed 001's slug rules: lowercase, punctuation removed, spaces and hyphens become `_`.
 pub fn slug(name: &str) -> String {
@@ -57,10 +57,11 @@ pub async fn resolve_refs(pool: &PgPool, user: &str, refs: &[String]) -> Result<
 
 /// Alias ref to canonical ref, for one user.
 pub async fn alias_map(pool: &PgPool, user: &str) -> Result<HashMap<String, String>> {
-    let rows: Vec<(String, String)> = sqlx::query_as(include_str!("../../sql/memory/aliases.sql"))
-        .bind(user)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(String, String)> =
+        sqlx::query_as(include_str!("../../../sql/memory/aliases.sql"))
+            .bind(user)
+            .fetch_all(pool)
+            .await?;
     Ok(rows.into_iter().collect())
 }
 
@@ -89,7 +90,7 @@ pub async fn propose_merges(
     user: &str,
     threshold: f32,
 ) -> Result<Vec<MergeProposal>> {
-    let rows = sqlx::query_as::<_, PairRow>(include_str!("../../sql/memory/propose_merges.sql"))
+    let rows = sqlx::query_as::<_, PairRow>(include_str!("../../../sql/memory/propose_merges.sql"))
         .bind(user)
         .bind(threshold)
         .fetch_all(pool)
@@ -125,7 +126,7 @@ pub async fn merge_entities(
             "cannot merge an entity into itself".into(),
         ));
     }
-    sqlx::query(include_str!("../../sql/memory/merge_alias.sql"))
+    sqlx::query(include_str!("../../../sql/memory/merge_alias.sql"))
         .bind(user)
         .bind(&alias)
         .bind(&canonical)

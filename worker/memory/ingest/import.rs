@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 
-use super::search::message_key;
-use super::{MemoryError, MemoryService, Result};
+use crate::memory::search::message_key;
+use crate::memory::{MemoryError, MemoryService, Result};
 
 /// Lines per transaction (and per embedding call group).
 const CHUNK: usize = 256;
@@ -225,7 +225,7 @@ pub async fn import_file(
     bar.finish_and_clear();
     if mode == ExtractMode::Llm && !new_ids.is_empty() {
         let queued: Vec<Option<i64>> =
-            sqlx::query_scalar(include_str!("../../sql/memory/queue_ingest_many.sql"))
+            sqlx::query_scalar(include_str!("../../../sql/memory/queue_ingest_many.sql"))
                 .bind(&new_ids)
                 .fetch_all(&svc.pool)
                 .await?;
@@ -261,7 +261,7 @@ async fn import_chunk(
     let users: Vec<&str> = chunk.iter().map(|l| l.user_id.as_str()).collect();
     let mids: Vec<&str> = chunk.iter().map(|l| l.message_id.as_str()).collect();
     let existing =
-        sqlx::query_as::<_, Existing>(include_str!("../../sql/memory/import_existing.sql"))
+        sqlx::query_as::<_, Existing>(include_str!("../../../sql/memory/import_existing.sql"))
             .bind(&users)
             .bind(&mids)
             .fetch_all(&svc.pool)
@@ -305,7 +305,7 @@ async fn import_chunk(
     };
     // Transaction scope: one chunk of new messages and the chunk's vector backfill.
     let mut tx = svc.pool.begin().await?;
-    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/memory/import_insert.sql"))
+    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../../sql/memory/import_insert.sql"))
         .bind(fresh.iter().map(|l| l.user_id.clone()).collect::<Vec<_>>())
         .bind(fresh.iter().map(|l| l.character_id).collect::<Vec<_>>())
         .bind(fresh.iter().map(|l| l.guild_id.clone()).collect::<Vec<_>>())
@@ -336,7 +336,7 @@ async fn import_chunk(
         .fetch_all(&mut *tx)
         .await?;
     if !back_vecs.is_empty() {
-        sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
+        sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(missing.iter().map(|m| m.0).collect::<Vec<_>>())
             .bind(&back_vecs)
             .bind(svc.model_name())
@@ -375,7 +375,7 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
     let mut done = 0;
     loop {
         let rows = sqlx::query_as::<_, Unembedded>(include_str!(
-            "../../sql/memory/unembedded_messages.sql"
+            "../../../sql/memory/unembedded_messages.sql"
         ))
         .bind(user)
         .bind(after)
@@ -396,7 +396,7 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
             .await
             .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
         let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
-        sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
+        sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(&ids)
             .bind(&vectors)
             .bind(svc.model_name())

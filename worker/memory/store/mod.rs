@@ -8,8 +8,10 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{embed, MemoryError, Result};
 
-/// Entity refs and aliases moved to their own module; their paths here still work.
-pub use super::entities::{
+pub mod entities;
+
+/// Entity refs and aliases live in their own file; their paths here still work.
+pub use entities::{
     alias_map, entity_ref, merge_entities, propose_merges, resolve_refs, slug, MergeProposal,
 };
 
@@ -258,12 +260,12 @@ pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
     );
     // Transaction scope: one key's versions (lock, read, write, re-chain).
     let mut tx = pool.begin().await?;
-    sqlx::query(include_str!("../../sql/memory/lock_key.sql"))
+    sqlx::query(include_str!("../../../sql/memory/lock_key.sql"))
         .bind(&lock_name)
         .execute(&mut *tx)
         .await?;
     let versions: Vec<(i64, String, DateTime<Utc>)> =
-        sqlx::query_as(include_str!("../../sql/memory/key_versions.sql"))
+        sqlx::query_as(include_str!("../../../sql/memory/key_versions.sql"))
             .bind(&m.user_id)
             .bind(&m.guild_id)
             .bind(m.character_id)
@@ -295,14 +297,14 @@ pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
             Upserted::Versioned { id, current: id }
         }
     };
-    sqlx::query(include_str!("../../sql/memory/relink.sql"))
+    sqlx::query(include_str!("../../../sql/memory/relink.sql"))
         .bind(&m.user_id)
         .bind(&m.guild_id)
         .bind(m.character_id)
         .bind(&key)
         .execute(&mut *tx)
         .await?;
-    let current: i64 = sqlx::query_scalar(include_str!("../../sql/memory/reopen.sql"))
+    let current: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/reopen.sql"))
         .bind(&m.user_id)
         .bind(&m.guild_id)
         .bind(m.character_id)
@@ -318,7 +320,7 @@ pub async fn upsert(pool: &PgPool, mut m: NewMemory) -> Result<Upserted> {
 
 /// The same fact again: its provenance joins the version `id`.
 async fn merge(tx: &mut PgConnection, id: i64, m: &NewMemory, emb: &Option<Vec<u8>>) -> Result<()> {
-    sqlx::query(include_str!("../../sql/memory/merge.sql"))
+    sqlx::query(include_str!("../../../sql/memory/merge.sql"))
         .bind(id)
         .bind(m.confidence)
         .bind(m.importance)
@@ -344,7 +346,7 @@ async fn insert(
         "entityType": m.entity_refs.first().and_then(|r| r.split_once(':')).map(|(t, _)| t),
         "factType": m.fact_type.as_str(),
     });
-    let id: i64 = sqlx::query_scalar(include_str!("../../sql/memory/insert.sql"))
+    let id: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/insert.sql"))
         .bind(&m.user_id)
         .bind(m.character_id)
         .bind(&m.guild_id)
@@ -378,7 +380,7 @@ pub async fn archive_keep(
     keep_user: i64,
     keep_lore: i64,
 ) -> Result<u64> {
-    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/memory/archive_keep.sql"))
+    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../../sql/memory/archive_keep.sql"))
         .bind(user)
         .bind(keep_user)
         .bind(keep_lore)
@@ -390,7 +392,7 @@ pub async fn archive_keep(
 /// Soft-archives facts of one user by id; returns the ids actually archived.
 pub async fn archive_ids(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<i64>> {
     Ok(
-        sqlx::query_scalar(include_str!("../../sql/memory/archive_ids.sql"))
+        sqlx::query_scalar(include_str!("../../../sql/memory/archive_ids.sql"))
             .bind(user)
             .bind(ids)
             .fetch_all(pool)
@@ -461,7 +463,7 @@ pub async fn facts(
 ) -> Result<Vec<Memory>> {
     scope.validate()?;
     Ok(
-        sqlx::query_as::<_, Memory>(include_str!("../../sql/memory/current_facts.sql"))
+        sqlx::query_as::<_, Memory>(include_str!("../../../sql/memory/current_facts.sql"))
             .bind(&scope.user_id)
             .bind(scope.character_id)
             .bind(&scope.guild_id)
