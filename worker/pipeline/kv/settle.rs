@@ -91,6 +91,8 @@ pub(super) fn finish(
 /// decodes from the same tokens ([`history::decode_exact`]), and it never holds more than
 /// one HUD. `reply` is the reply as stored (without a memory-line tail), so the KV never
 /// holds the tail.
+///
+/// [`history::decode_exact`]: crate::pipeline::history::decode_exact
 pub(super) fn settle(
     session: &mut KvSession,
     hud_start: u32,
