@@ -1,10 +1,10 @@
 //! Shared code for kvmem's fuzz targets: the LLKV1 parser compiled in from
-//! `worker/snapshot/format.rs` (no dependency on the kvmem crate, so no llama.cpp build), the
+//! `worker/snapshot/format/` (no dependency on the kvmem crate, so no llama.cpp build), the
 //! limits the targets parse with, the invariants every successful parse must satisfy, and
 //! a structure-aware builder that makes valid snapshots and edits them so the fuzzer gets
 //! past the two CRC32Cs into the deep parsing code.
 
-#[path = "../../worker/snapshot/format.rs"]
+#[path = "../../worker/snapshot/format/mod.rs"]
 pub mod snapshot;
 
 use arbitrary::Arbitrary;

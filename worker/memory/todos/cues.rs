@@ -1,0 +1,161 @@
+//! The cue tables detection reads clauses with: which openings make each kind of todo,
+//! which close one, and which words only date it.
+
+// Cue tables, checked on the lowercased clause start. Order of kinds matters: "I keep
+// forgetting to call" is a friction, "I need to decide" a thread, before either could be
+// read as a commitment.
+pub(super) const FRICTION: &[&str] = &[
+    "i keep ",
+    "i struggle ",
+    "i'm struggling ",
+    "i am struggling ",
+    "i can't seem to ",
+    "i never manage to ",
+    "i always forget ",
+    "it's hard for me to ",
+    "i'm having trouble ",
+    "i have trouble ",
+];
+pub(super) const THREAD: &[&str] = &[
+    "i'm waiting for ",
+    "i am waiting for ",
+    "i'm still waiting ",
+    "i haven't decided ",
+    "i can't decide ",
+    "i need to decide ",
+    "i'm trying to figure out ",
+    "i'm not sure whether ",
+    "i'm not sure if ",
+    "i still haven't heard ",
+    "i'm thinking about ",
+    "i'm considering ",
+];
+pub(super) const HABIT: &[&str] = &[
+    "i usually ",
+    "i always ",
+    "i tend to ",
+    "i've started ",
+    "i have started ",
+    "i'm trying to ",
+];
+/// A habit needs one of these in its clause as well ("I always forget" is not a habit;
+/// "I run every morning" is, with no cue but the frequency).
+pub(super) const FREQUENCY: &[&str] = &[
+    "every day",
+    "every morning",
+    "every night",
+    "every evening",
+    "every week",
+    "every weekend",
+    "each morning",
+    "each day",
+    "each week",
+    "daily",
+    "twice a week",
+    "three times a week",
+    "on weekdays",
+    "most mornings",
+    "most days",
+];
+pub(super) const COMMITMENT: &[&str] = &[
+    "i'll ",
+    "i will ",
+    "i'm going to ",
+    "i am going to ",
+    "im going to ",
+    "i'm gonna ",
+    "i promise to ",
+    "i plan to ",
+    "i'm planning to ",
+    "i intend to ",
+    "i need to ",
+    "i have to ",
+    "i've got to ",
+    "i must ",
+];
+/// "I'll be honest" and the like are not promises.
+pub(super) const NOT_PROMISES: &[&str] = &[
+    "be honest",
+    "be fine",
+    "be ok",
+    "be okay",
+    "be right back",
+    "admit",
+    "never",
+    "not ",
+    "try",
+    "see",
+];
+pub(super) const DONE: &[&str] = &[
+    "i did ",
+    "i did it",
+    "i went ",
+    "i finished ",
+    "i've finished ",
+    "i have finished ",
+    "i completed ",
+    "i've done ",
+    "i have done ",
+    "i managed to ",
+    "i finally ",
+    "i already ",
+    "i got ",
+    "i made ",
+    "i called ",
+    "i sent ",
+    "i booked ",
+    "i bought ",
+    "i wrote ",
+    "i ran ",
+    "i walked ",
+    "i took ",
+    "done with ",
+];
+pub(super) const DROPPED: &[&str] = &[
+    "i won't ",
+    "i will not ",
+    "i'm not going to ",
+    "i am not going to ",
+    "im not going to ",
+    "i decided not to ",
+    "i've decided not to ",
+    "i gave up ",
+    "i've given up ",
+    "i'm giving up ",
+    "never mind ",
+    "i cancelled ",
+    "i canceled ",
+    "i skipped ",
+    "i'm skipping ",
+    "i don't need to ",
+    "i no longer ",
+];
+/// Words that date a todo, not say what it is: they never decide a match.
+pub(super) const TIME_WORDS: &[&str] = &[
+    "today",
+    "tonight",
+    "tomorrow",
+    "yesterday",
+    "week",
+    "weekend",
+    "month",
+    "morning",
+    "evening",
+    "afternoon",
+    "night",
+    "monday",
+    "tuesday",
+    "wednesday",
+    "thursday",
+    "friday",
+    "saturday",
+    "sunday",
+    "next",
+    "later",
+    "soon",
+];
+
+/// Openers a clause may start with before its cue ("ok so I'll …", "and I keep …").
+pub(super) const LEAD_INS: &[&str] = &[
+    "so ", "ok ", "okay ", "and ", "but ", "well ", "also ", "then ",
+];
