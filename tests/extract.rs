@@ -12,10 +12,10 @@ mod common;
 use std::sync::Arc;
 
 use kvmem::engine::Engine;
-use kvmem::memory::filters::{is_text_grounded_in_source, screen, RejectCounts};
 use kvmem::memory::ingest::extract::{
     slug, Extraction, Extractor, LINES_GRAMMAR, MAX_BLOB_CHARS, MAX_FACTS,
 };
+use kvmem::memory::store::filters::{is_text_grounded_in_source, screen, RejectCounts};
 use serde::Deserialize;
 
 fn engine(path: &std::path::Path) -> Arc<Engine> {

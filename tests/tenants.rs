@@ -460,7 +460,7 @@ async fn todos_are_walled_by_user_and_character(pool: PgPool) {
     let f = fixture(&pool).await;
     let url = db_url(&pool).await;
     let at = chrono::Utc::now();
-    let made = kvmem::memory::todos::apply(
+    let made = kvmem::memory::notes::todos::apply(
         &pool,
         "alice",
         f.a_char,
@@ -473,7 +473,7 @@ async fn todos_are_walled_by_user_and_character(pool: PgPool) {
     assert_eq!(made.created.len(), 1, "{made:?}");
 
     // B saying the closing words, even naming A's character, closes nothing of A's.
-    let b_closes = kvmem::memory::todos::apply(
+    let b_closes = kvmem::memory::notes::todos::apply(
         &pool,
         "bob",
         f.a_char,

@@ -7,10 +7,11 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::notes::blob::rebuild_blob;
+use super::notes::todos;
 use super::notes::{about, lore};
 use super::search::{content_words, message_key, overlap};
 use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use super::{embed, event, todos, MemoryError, MemoryService, Result};
+use super::{embed, event, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;

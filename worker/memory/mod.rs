@@ -13,15 +13,12 @@
 //! are `cmd::memory` and `http::memory_api`.
 
 pub mod embed;
-pub mod filters;
 pub mod ingest;
 pub mod jobs;
 pub mod notes;
 pub mod render;
 pub mod search;
 pub mod store;
-pub mod timeq;
-pub mod todos;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::cache::{content_hash, record, DayMap, Source};
 use super::llm::Prompt;
 use super::{clip, event, Result, SummaryError, SummaryService};
-use crate::memory::filters::is_text_grounded_in_source;
+use crate::memory::store::filters::is_text_grounded_in_source;
 
 /// Seed 004's sizes, in characters.
 pub const DAILY_CHARS: usize = 300;

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::memory::filters::is_text_grounded_in_source;
+use crate::memory::store::filters::is_text_grounded_in_source;
 
 /// Seed 001's `SessionSummary` JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

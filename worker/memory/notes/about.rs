@@ -8,9 +8,9 @@
 use serde_json::json;
 use sqlx::Row;
 
-use crate::memory::filters::{check_fact, Verdict};
 use crate::memory::notes::blob::{rebuild_blob, third_person};
 use crate::memory::search::content_words;
+use crate::memory::store::filters::{check_fact, Verdict};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
 use crate::memory::{MemoryError, MemoryService, Result};
 

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use crate::memory::filters::{check_fact, Verdict};
+use crate::memory::store::filters::{check_fact, Verdict};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
 use crate::memory::{event, MemoryError, MemoryService, Result};
 

@@ -5,3 +5,4 @@
 pub mod about;
 pub mod blob;
 pub mod lore;
+pub mod todos;

@@ -7,12 +7,12 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use sqlx::PgPool;
 
-use super::super::timeq::TimeWindow;
 use super::super::{MemoryService, RankerKind, Result};
 use super::lexical::bm25_ids;
 use super::lifts::{prefer_named_speakers, with_neighbours};
 use super::rank::{self, Signals};
 use super::rows::{channel_score, fetch_messages, MsgRow};
+use super::timeq::TimeWindow;
 use super::vector::{backfill, cosines, nearest_messages};
 use super::words::{content_words, names, overlap, substance, VAGUE};
 use super::{

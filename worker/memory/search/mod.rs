@@ -16,6 +16,7 @@ mod lifts;
 mod messages;
 pub mod rank;
 mod rows;
+pub mod timeq;
 mod vector;
 mod words;
 
@@ -25,8 +26,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use self::timeq::TimeWindow;
 use super::store::{self, Scope};
-use super::timeq::{self, TimeWindow};
 use super::{MemoryError, MemoryService, RankerKind, Result};
 use facts::memory_hits;
 use messages::message_hits;

@@ -9,6 +9,7 @@ use sqlx::{PgConnection, PgPool};
 use super::{embed, MemoryError, Result};
 
 pub mod entities;
+pub mod filters;
 
 /// Entity refs and aliases live in their own file; their paths here still work.
 pub use entities::{
@@ -45,7 +46,7 @@ impl Kind {
 }
 
 /// Seed 002's fact types, plus `lore`: one type for the filters and the store.
-pub use super::filters::FactType;
+pub use filters::FactType;
 
 /// Where a memory came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -213,7 +213,7 @@ impl BatchTurn {
 /// one-sequence context and handed over as its exported KV; after the shared decode its
 /// sequence is exported and restored into the one-sequence context for step 5, so the
 /// saved KV is what a turn run alone saves. Results come back in the order of `turns`.
-// Over 80 lines: the prepares, the shared decode and each turn's step 5, in the order they run.
+// Long: the prepares, the shared decode and each turn's step 5, in the order they run.
 pub fn run_batch(
     engine: &Engine,
     ctxs: &mut Contexts,

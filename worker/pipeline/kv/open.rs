@@ -17,7 +17,7 @@ use super::{ColdSource, LoadedKv, Opened, Prepared, Start, TurnJob};
 
 /// Steps 1–3 in a one-sequence context, all but the message: the KV restored or rebuilt,
 /// pruned, and given the HUD and the blocks due.
-// Over 80 lines: steps 1–3 in the order they act on the one session, each step's state at hand.
+// Long: steps 1–3 in the order they act on the one session, each step's state at hand.
 pub(super) fn prepare<'e, 'c>(
     engine: &'e Engine,
     ctx: &'c mut LlamaContext<'static>,

@@ -4,9 +4,6 @@
 //! kind and entity come from rules over the line instead, and its subject is checked
 //! against the message and the speaker.
 
-use crate::memory::filters::{
-    check_fact, clean_text, dedup_key, has_negation, ungrounded_words, FactType, Reason, Verdict,
-};
 use crate::memory::ingest::extract::subject::{
     candidate, named_relations, relation_in, resolve_relation, subject_of, third_party_only,
 };
@@ -15,6 +12,9 @@ use crate::memory::ingest::extract::words::{
     PREFERENCES, PROJECTS, RELATIONS,
 };
 use crate::memory::ingest::extract::{Extraction, MAX_FACTS};
+use crate::memory::store::filters::{
+    check_fact, clean_text, dedup_key, has_negation, ungrounded_words, FactType, Reason, Verdict,
+};
 
 /// One to four lines, each a bullet, a capital, then up to 120 characters: the grammar
 /// guarantees the parse, the model decides how many facts (at least one: whether a

@@ -21,7 +21,9 @@ use crate::engine::generate::{
     generate_warm, give_way, Ask, Busy, GenerateError, WarmContext, BACKGROUND_PREFILL_CHUNK,
 };
 use crate::engine::Engine;
-use crate::memory::filters::{clean_text, is_text_grounded_in_source, FactType, RejectCounts};
+use crate::memory::store::filters::{
+    clean_text, is_text_grounded_in_source, FactType, RejectCounts,
+};
 
 /// Seed 002: at most 4 facts per message.
 pub const MAX_FACTS: usize = 4;

@@ -3,8 +3,8 @@
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, Utc, Weekday};
 
-use crate::memory::filters::dedup_key;
 use crate::memory::search::{content_words, stem};
+use crate::memory::store::filters::dedup_key;
 
 use super::cues::{
     COMMITMENT, DONE, DROPPED, FREQUENCY, FRICTION, HABIT, LEAD_INS, NOT_PROMISES, THREAD,

@@ -5,7 +5,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 use sqlx::{PgPool, Row};
 
-use crate::memory::filters::{check_fact, dedup_key, Verdict};
+use crate::memory::store::filters::{check_fact, dedup_key, Verdict};
 use crate::memory::Result;
 
 use super::{close_score, closings, detect};
@@ -64,7 +64,7 @@ pub async fn apply(
                 .max_by(|a, b| a.0.total_cmp(&b.0).then(b.1.id.cmp(&a.1.id)));
             let Some((_, todo)) = best else { continue };
             let closed: Option<i64> =
-                sqlx::query_scalar(include_str!("../../../sql/memory/todo_close.sql"))
+                sqlx::query_scalar(include_str!("../../../../sql/memory/todo_close.sql"))
                     .bind(todo.id)
                     .bind(user)
                     .bind(character)
@@ -86,7 +86,7 @@ pub async fn apply(
                 continue;
             }
         };
-        let id: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/todo_upsert.sql"))
+        let id: i64 = sqlx::query_scalar(include_str!("../../../../sql/memory/todo_upsert.sql"))
             .bind(user)
             .bind(character)
             .bind(f.kind.as_str())
@@ -116,7 +116,7 @@ async fn list_in(
     character: i64,
     open_only: bool,
 ) -> Result<Vec<Todo>> {
-    let rows = sqlx::query(include_str!("../../../sql/memory/todos_list.sql"))
+    let rows = sqlx::query(include_str!("../../../../sql/memory/todos_list.sql"))
         .bind(user)
         .bind(character)
         .bind(open_only)
