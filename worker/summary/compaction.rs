@@ -63,6 +63,7 @@ pub fn model_summary(
 
 /// Compacts chat session `session_id` as of `now` (Unix seconds), storing the context under
 /// the same id in the ContextManager store.
+// Long: the read, the summary and the fenced write of one session's compaction, in the order they must run.
 pub async fn compact_session(
     svc: &SummaryService,
     session_id: &str,

@@ -12,6 +12,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::cache::{content_hash, record, DayMap, Source};
+use super::daily_prompt::batch_grammar;
+pub use super::daily_prompt::xml_message;
 use super::llm::Prompt;
 use super::{clip, event, Result, SummaryError, SummaryService};
 use crate::memory::store::filters::is_text_grounded_in_source;
@@ -175,52 +177,6 @@ impl DaySlot {
             false => svc.caches.past_days.insert((self.key.clone(), self.day), m),
         }
     }
-}
-
-/// Seed 004's XML message format.
-pub fn xml_message(at: DateTime<Utc>, author_id: &str, author: &str, content: &str) -> String {
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
-    format!(
-        "<message><timestamp>{}</timestamp><author_id>{}</author_id><author>{}</author><content>{}</content></message>",
-        at.format("%Y-%m-%d %H:%M"),
-        esc(author_id),
-        esc(author),
-        esc(&content.split_whitespace().collect::<Vec<_>>().join(" "))
-    )
-}
-
-/// A GBNF string literal for `s`.
-fn gbnf_literal(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\x{:02X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// A JSON object with exactly these keys, in order, each a summary string.
-pub fn batch_grammar(users: &[String]) -> String {
-    let fields: Vec<String> = users
-        .iter()
-        .map(|u| {
-            let key = serde_json::to_string(u).unwrap_or_default();
-            format!("{} \": \" str", gbnf_literal(&key))
-        })
-        .collect();
-    format!(
-        "root ::= \"{{\" {} \"}}\"\nstr ::= \"\\\"\" char{{10,300}} \"\\\"\"\nchar ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" [\"\\\\/]\n",
-        fields.join(" \", \" ")
-    )
 }
 
 const DAILY_SYSTEM: &str = "You write a daily summary for each listed user from a day of chat \

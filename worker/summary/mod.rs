@@ -15,6 +15,7 @@ pub mod cli;
 pub mod compaction;
 pub mod context_manager;
 pub mod daily;
+mod daily_prompt;
 pub mod jobs;
 pub mod llm;
 pub mod schema;

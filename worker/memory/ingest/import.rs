@@ -151,6 +151,7 @@ pub struct ImportReport {
 /// Imports a JSONL file. Every valid line is imported (or skipped as a duplicate); every
 /// bad line is rejected with its number and reason. With `strict`, any bad line aborts
 /// the import before anything is written.
+// Long: read, check, chunk and report one file; the line numbers and counts run through every step.
 pub async fn import_file(
     svc: &MemoryService,
     path: &Path,
@@ -253,6 +254,7 @@ struct Existing {
 }
 
 /// One chunk: skip stored ids, embed the rest in batches, insert in one transaction.
+// Long: skipping, embedding and inserting share the chunk's rows and its one transaction.
 async fn import_chunk(
     svc: &MemoryService,
     chunk: &[ImportLine],
