@@ -130,7 +130,7 @@ async fn every_statement_the_worker_loads_prepares_against_the_migrated_schema(p
     let mut on_disk = Vec::new();
     sql_files(&Path::new(ROOT).join("sql"), &mut on_disk);
     on_disk.sort();
-    let unused: Vec<_> = on_disk.iter().filter(|p| !loaded.contains(&p)).collect();
+    let unused: Vec<_> = on_disk.iter().filter(|p| !loaded.contains(p)).collect();
     assert!(
         unused.is_empty(),
         "sql files no worker code loads: {unused:?}"
