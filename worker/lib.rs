@@ -23,6 +23,7 @@ pub mod db;
 pub mod engine;
 pub mod faults;
 pub mod http;
+pub mod lane;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;

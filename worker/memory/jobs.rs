@@ -3,8 +3,10 @@
 //! turn and every outcome (including "nothing found") is recorded on the job row.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
-use serde_json::json;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::lane::{self, Claim, Job, Lane, Step};
 
 use super::notes::blob::rebuild_blob;
 use super::notes::todos;
@@ -25,24 +27,8 @@ pub const FORGET_OVERLAP: f64 = 0.6;
 /// ...or when the vectors are this close.
 pub const FORGET_COSINE: f64 = 0.80;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
-pub enum Outcome {
-    /// Nothing queued.
-    Empty,
-    /// Another worker claimed the same user's job at the same moment; try again.
-    Busy,
-    Done {
-        job_id: i64,
-        kind: String,
-        result: serde_json::Value,
-    },
-    Failed {
-        job_id: i64,
-        kind: String,
-        error: String,
-    },
-}
+/// A memory job's outcome: the one every lane reports.
+pub use crate::lane::Outcome;
 
 /// Seed 002's cleaning: trim, collapse whitespace, cut to 320 characters.
 pub fn clean(text: &str) -> Option<String> {
@@ -53,7 +39,7 @@ pub fn clean(text: &str) -> Option<String> {
 
 /// A claimed job, as `job_claim.sql` returns it.
 #[derive(Debug, sqlx::FromRow)]
-struct Job {
+pub struct MemoryJob {
     id: i64,
     user_id: String,
     character_id: Option<i64>,
@@ -64,77 +50,66 @@ struct Job {
     payload: serde_json::Value,
 }
 
+impl Job for MemoryJob {
+    fn id(&self) -> i64 {
+        self.id
+    }
+    fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+/// The memory lane on the shared job-lane mechanism: per-user order, and a job that asks
+/// for extraction waits for a lane that has an extraction model.
+impl Lane for MemoryService {
+    type Job = MemoryJob;
+    type Error = MemoryError;
+    const NAME: &'static str = "memory";
+    const STALE_SECS: f64 = STALE_JOB_SECS;
+    const REAP_SQL: &'static str = include_str!("../../sql/memory/job_reap.sql");
+    const CLAIM_SQL: &'static str = include_str!("../../sql/memory/job_claim.sql");
+    const FINISH_SQL: &'static str = include_str!("../../sql/memory/job_finish.sql");
+
+    fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn bind_claim<'q>(&self, claim: Claim<'q, MemoryJob>) -> Claim<'q, MemoryJob> {
+        claim.bind(self.extractor.is_some())
+    }
+
+    /// Embedder and extractor failures are events and the job still completes (ingestion
+    /// continues); any error fails the job, database errors included.
+    async fn work(&self, job: &MemoryJob) -> Result<Step> {
+        let scope = Scope {
+            user_id: job.user_id.clone(),
+            character_id: job.character_id,
+            guild_id: job.guild_id.clone(),
+            channel_id: None,
+        };
+        let payload = &job.payload;
+        let res = match job.kind.as_str() {
+            "ingest" => ingest(self, job.memory_message_id).await,
+            "remember" => remember(self, &scope, payload).await,
+            "forget" => forget(self, &scope, payload).await,
+            "line" => lore::remember_line(self, &scope, payload).await,
+            "remember_about" => about::remember_about(self, &scope, payload).await,
+            other => Err(MemoryError::Invalid(format!("unknown job kind {other}"))),
+        };
+        res.map(Step::Done)
+    }
+
+    async fn recorded(&self, job: &MemoryJob, _result: Option<&Value>, error: Option<&str>) {
+        if let Some(msg) = error {
+            event(&self.pool, "memory_job_failed", msg, Some(&job.user_id)).await;
+        }
+    }
+}
+
 /// Claims and runs the next memory job. Embedder and extractor failures are events and
 /// the job still completes (ingestion continues); only database errors fail the call.
 pub async fn process_next_memory_job(svc: &MemoryService) -> Result<Outcome> {
-    // A job left running by a dead worker would block its user's lane for good.
-    sqlx::query(include_str!("../../sql/memory/job_reap.sql"))
-        .bind(STALE_JOB_SECS)
-        .execute(&svc.pool)
-        .await?;
-    let claimed = sqlx::query_as::<_, Job>(include_str!("../../sql/memory/job_claim.sql"))
-        .bind(svc.extractor.is_some())
-        .fetch_optional(&svc.pool)
-        .await;
-    let job = match claimed {
-        Ok(Some(j)) => j,
-        Ok(None) => return Ok(Outcome::Empty),
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Outcome::Busy),
-        Err(e) => return Err(e.into()),
-    };
-    let (id, kind, payload) = (job.id, job.kind, job.payload);
-    let scope = Scope {
-        user_id: job.user_id,
-        character_id: job.character_id,
-        guild_id: job.guild_id,
-        channel_id: None,
-    };
-    let res = match kind.as_str() {
-        "ingest" => ingest(svc, job.memory_message_id).await,
-        "remember" => remember(svc, &scope, &payload).await,
-        "forget" => forget(svc, &scope, &payload).await,
-        "line" => lore::remember_line(svc, &scope, &payload).await,
-        "remember_about" => about::remember_about(svc, &scope, &payload).await,
-        other => Err(MemoryError::Invalid(format!("unknown job kind {other}"))),
-    };
-    let outcome = match res {
-        Ok(result) => {
-            finish(svc, id, "done", Some(&result), None).await?;
-            Outcome::Done {
-                job_id: id,
-                kind,
-                result,
-            }
-        }
-        Err(e) => {
-            let msg = e.to_string();
-            finish(svc, id, "failed", None, Some(&msg)).await?;
-            event(&svc.pool, "memory_job_failed", &msg, Some(&scope.user_id)).await;
-            Outcome::Failed {
-                job_id: id,
-                kind,
-                error: msg,
-            }
-        }
-    };
-    Ok(outcome)
-}
-
-async fn finish(
-    svc: &MemoryService,
-    id: i64,
-    state: &str,
-    result: Option<&serde_json::Value>,
-    error: Option<&str>,
-) -> Result<()> {
-    sqlx::query(include_str!("../../sql/memory/job_finish.sql"))
-        .bind(id)
-        .bind(state)
-        .bind(result)
-        .bind(error)
-        .execute(&svc.pool)
-        .await?;
-    Ok(())
+    lane::run_next(svc).await
 }
 
 /// The message an ingest job is about, as `job_message.sql` returns it.
@@ -347,16 +322,12 @@ pub async fn forget_matches(
 }
 
 /// Runs memory jobs until none is runnable (CLI and tests; the worker calls
-/// [`process_next_memory_job`] between turns instead).
+/// [`process_next_memory_job`] between turns instead). A lost claim race is retried, not
+/// listed: callers look for their own jobs' outcomes.
 pub async fn drain(svc: &MemoryService) -> Result<Vec<Outcome>> {
-    let mut out = Vec::new();
-    loop {
-        match process_next_memory_job(svc).await? {
-            Outcome::Empty => return Ok(out),
-            Outcome::Busy => continue,
-            o => out.push(o),
-        }
-    }
+    let mut out = lane::drain(svc).await?;
+    out.retain(|o| *o != Outcome::Busy);
+    Ok(out)
 }
 
 /// Curator pass: folds near-duplicate current facts of one user (same kind, normalised

@@ -11,7 +11,9 @@ use tracing::warn;
 
 use super::{Deps, Generator};
 use crate::engine::{Busy, Engine};
+use crate::lane;
 use crate::memory::MemoryService;
+use crate::summary::jobs::SummaryLane;
 use crate::summary::SummaryService;
 
 /// The idle lanes: embedding, extraction and remember/forget jobs queued after turns
@@ -28,8 +30,8 @@ pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: Canc
     while !shutdown.is_cancelled() {
         let idle = slots.available_permits() == all;
         let worked = idle && {
-            memory_step(memory.as_ref()).await
-                || crate::summary::jobs::run_idle(summary.as_ref()).await
+            lane::step(memory.as_ref()).await
+                || lane::step(summary.as_ref().map(SummaryLane::now).as_ref()).await
         };
         if !worked {
             tokio::select! {
@@ -80,19 +82,4 @@ fn chat_engine(deps: &Deps) -> Option<Arc<Engine>> {
 fn turns_busy(deps: &Deps, slots: &Arc<Semaphore>) -> Busy {
     let (slots, all) = (slots.clone(), deps.settings.concurrency as usize);
     Arc::new(move || slots.available_permits() < all)
-}
-
-/// One memory job; true if it did work.
-async fn memory_step(svc: Option<&MemoryService>) -> bool {
-    let Some(svc) = svc else {
-        return false;
-    };
-    match crate::memory::jobs::process_next_memory_job(svc).await {
-        Ok(crate::memory::jobs::Outcome::Empty) => false,
-        Ok(_) => true,
-        Err(e) => {
-            warn!(error = %e, "memory job failed");
-            false
-        }
-    }
 }

@@ -5,6 +5,9 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::lane::{self, Claim, Job, Lane, Step};
 
 use super::compaction::MessageRow;
 use super::llm::Prompt;
@@ -20,12 +23,12 @@ pub const ROLLING_LINES: i64 = 40;
 /// Dialogue lines a session summary reads at most (the oldest go first if they do not fit).
 pub const SESSION_LINES: i64 = 400;
 
-/// A lane job's outcome, as the memory lane reports its own.
-pub use crate::memory::jobs::Outcome;
+/// A summary job's outcome: the one every lane reports.
+pub use crate::lane::Outcome;
 
 /// A claimed job, as `job_claim.sql` returns it.
 #[derive(Debug, Clone, sqlx::FromRow)]
-struct Job {
+pub struct SummaryJob {
     id: i64,
     kind: String,
     user_id: String,
@@ -34,7 +37,7 @@ struct Job {
     payload: Value,
 }
 
-impl Job {
+impl SummaryJob {
     /// Whether the payload has a `rebuild` key, whatever its value (`kvmem summary
     /// rebuild` sets it).
     fn is_rebuild(&self) -> bool {
@@ -46,7 +49,7 @@ impl Job {
 
 /// Claims and runs the next summary job due now.
 pub async fn process_next_summary_job(svc: &SummaryService) -> Result<Outcome> {
-    process_next_summary_job_at(svc, Utc::now()).await
+    lane::run_next(&SummaryLane::now(svc)).await
 }
 
 /// Claims and runs the next summary job due at `now`: the clock is a parameter, so tests
@@ -56,76 +59,83 @@ pub async fn process_next_summary_job_at(
     svc: &SummaryService,
     now: DateTime<Utc>,
 ) -> Result<Outcome> {
-    // A job left running by a dead worker would block its user's lane for good.
-    sqlx::query(include_str!("../../sql/summary/job_reap.sql"))
-        .bind(STALE_JOB_SECS)
-        .execute(&svc.pool)
-        .await?;
-    let claimed = sqlx::query_as::<_, Job>(include_str!("../../sql/summary/job_claim.sql"))
-        .bind(now)
-        .fetch_optional(&svc.pool)
-        .await;
-    let job = match claimed {
-        Ok(Some(j)) => j,
-        Ok(None) => return Ok(Outcome::Empty),
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(Outcome::Busy),
-        Err(e) => return Err(e.into()),
-    };
-    let res = match job.kind.as_str() {
-        "close" => close(svc, &job, now).await,
-        "rolling" => rolling(svc, &job, now).await,
-        "session" => session_summary(svc, &job).await,
-        "spine" => spine_version(svc, &job).await,
-        "compact" => compact(svc, &job, now).await,
-        "context" => user_context(svc, &job, now).await,
-        other => Err(SummaryError::Invalid(format!("unknown job kind {other}"))),
-    };
-    finish(svc, job, res).await
+    lane::run_next(&SummaryLane { svc, now }).await
 }
 
-async fn finish(svc: &SummaryService, job: Job, res: Result<Option<Value>>) -> Result<Outcome> {
-    let (state, result, error) = match res {
-        // `None`: the job put itself back on the queue (a close that ran early).
-        Ok(None) => {
-            return Ok(Outcome::Done {
-                job_id: job.id,
-                kind: job.kind,
-                result: json!({"deferred": true}),
-            })
+impl Job for SummaryJob {
+    fn id(&self) -> i64 {
+        self.id
+    }
+    fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+/// The summary lane on the shared job-lane mechanism, as of a clock: a job is claimed
+/// once due at `now`, closes first.
+pub struct SummaryLane<'a> {
+    pub svc: &'a SummaryService,
+    pub now: DateTime<Utc>,
+}
+
+impl<'a> SummaryLane<'a> {
+    /// The lane as of this moment (the worker's idle lane).
+    pub fn now(svc: &'a SummaryService) -> Self {
+        Self {
+            svc,
+            now: Utc::now(),
         }
-        Ok(Some(v)) => ("done", Some(v), None),
-        Err(SummaryError::Db(e)) => return Err(SummaryError::Db(e)),
-        Err(e) => ("failed", None, Some(e.to_string())),
-    };
-    sqlx::query(include_str!("../../sql/summary/job_finish.sql"))
-        .bind(job.id)
-        .bind(state)
-        .bind(&result)
-        .bind(&error)
-        .execute(&svc.pool)
-        .await?;
-    let detail = json!({
-        "job_id": job.id, "kind": job.kind, "user_id": job.user_id,
-        "character_id": job.character_id, "summary_session": job.session_id,
-        "result": result, "error": error,
-    });
-    match error {
-        None => {
-            event(&svc.pool, "summary_job_done", detail).await;
-            Ok(Outcome::Done {
-                job_id: job.id,
-                kind: job.kind,
-                result: result.unwrap_or(Value::Null),
-            })
-        }
-        Some(error) => {
-            event(&svc.pool, "summary_job_failed", detail).await;
-            Ok(Outcome::Failed {
-                job_id: job.id,
-                kind: job.kind,
-                error,
-            })
-        }
+    }
+}
+
+impl Lane for SummaryLane<'_> {
+    type Job = SummaryJob;
+    type Error = SummaryError;
+    const NAME: &'static str = "summary";
+    const STALE_SECS: f64 = STALE_JOB_SECS;
+    const REAP_SQL: &'static str = include_str!("../../sql/summary/job_reap.sql");
+    const CLAIM_SQL: &'static str = include_str!("../../sql/summary/job_claim.sql");
+    const FINISH_SQL: &'static str = include_str!("../../sql/summary/job_finish.sql");
+    const DEFER_SQL: Option<&'static str> = Some(include_str!("../../sql/summary/job_defer.sql"));
+
+    fn pool(&self) -> &PgPool {
+        &self.svc.pool
+    }
+
+    fn bind_claim<'q>(&self, claim: Claim<'q, SummaryJob>) -> Claim<'q, SummaryJob> {
+        claim.bind(self.now)
+    }
+
+    async fn work(&self, job: &SummaryJob) -> Result<Step> {
+        let (svc, now) = (self.svc, self.now);
+        let done = match job.kind.as_str() {
+            "close" => return close(svc, job, now).await,
+            "rolling" => rolling(svc, job, now).await,
+            "session" => session_summary(svc, job).await,
+            "spine" => spine_version(svc, job).await,
+            "compact" => compact(svc, job, now).await,
+            "context" => user_context(svc, job, now).await,
+            other => Err(SummaryError::Invalid(format!("unknown job kind {other}"))),
+        };
+        done.map(Step::Done)
+    }
+
+    /// A database error leaves the job running for the reaper: it says nothing of the job.
+    fn aborts(error: &SummaryError) -> bool {
+        matches!(error, SummaryError::Db(_))
+    }
+
+    async fn recorded(&self, job: &SummaryJob, result: Option<&Value>, error: Option<&str>) {
+        let detail = json!({
+            "job_id": job.id, "kind": job.kind, "user_id": job.user_id,
+            "character_id": job.character_id, "summary_session": job.session_id,
+            "result": result, "error": error,
+        });
+        let kind = match error {
+            None => "summary_job_done",
+            Some(_) => "summary_job_failed",
+        };
+        event(&self.svc.pool, kind, detail).await;
     }
 }
 
@@ -138,7 +148,7 @@ struct CloseCheck {
 }
 
 /// Closes the session when it has been idle 30 minutes at `now`; else waits for that.
-async fn close(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
+async fn close(svc: &SummaryService, job: &SummaryJob, now: DateTime<Utc>) -> Result<Step> {
     let sid = job
         .session_id
         .ok_or_else(|| SummaryError::Invalid("close without session".into()))?;
@@ -149,14 +159,9 @@ async fn close(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Op
             .fetch_one(&svc.pool)
             .await?;
     if check.closed || check.already_closed {
-        return Ok(Some(json!({"closed": check.closed})));
+        return Ok(Step::Done(json!({"closed": check.closed})));
     }
-    sqlx::query(include_str!("../../sql/summary/job_defer.sql"))
-        .bind(job.id)
-        .bind(check.due_at)
-        .execute(&svc.pool)
-        .await?;
-    Ok(None)
+    Ok(Step::Defer(check.due_at))
 }
 
 /// A dialogue line as the summary prompts show it.
@@ -204,7 +209,7 @@ struct StateRow {
 
 /// Seed 001's rolling summary: previous summary + the messages since it → a new version of
 /// at most 600 characters. Every version is kept; diagnostics go on `session_state`.
-async fn rolling(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
+async fn rolling(svc: &SummaryService, job: &SummaryJob, now: DateTime<Utc>) -> Result<Value> {
     let character = job
         .character_id
         .ok_or_else(|| SummaryError::Invalid("rolling without character".into()))?;
@@ -263,10 +268,10 @@ async fn rolling(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    Ok(Some(json!({
+    Ok(json!({
         "rolling_id": id, "chars": content.chars().count(), "message_count": message_count,
         "elapsed_ms": elapsed_ms, "lines_dropped": dropped,
-    })))
+    }))
 }
 
 /// The model call of a rolling summary; errors are (reason, detail) for the diagnostics.
@@ -326,7 +331,7 @@ struct SessionRow {
 
 /// Seed 001's session summary: grammar-constrained JSON, validated, retried with the
 /// reason, then stored as an error with the raw answers when it never validates.
-async fn session_summary(svc: &SummaryService, job: &Job) -> Result<Option<Value>> {
+async fn session_summary(svc: &SummaryService, job: &SummaryJob) -> Result<Value> {
     let sid = job
         .session_id
         .ok_or_else(|| SummaryError::Invalid("session job without session".into()))?;
@@ -368,9 +373,7 @@ async fn session_summary(svc: &SummaryService, job: &Job) -> Result<Option<Value
             let id = store("ok", Some(v), None, attempts, raw, elapsed_ms)
                 .fetch_one(&svc.pool)
                 .await?;
-            Ok(Some(
-                json!({"session_summary_id": id, "attempts": attempts, "elapsed_ms": elapsed_ms}),
-            ))
+            Ok(json!({"session_summary_id": id, "attempts": attempts, "elapsed_ms": elapsed_ms}))
         }
         SessionOutcome::Invalid {
             error,
@@ -476,7 +479,7 @@ struct SpineInputsRow {
 
 /// Seed 001's spine: a new version per 20 user messages, from the previous version, the
 /// session summaries since it and the current rolling summaries.
-async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>> {
+async fn spine_version(svc: &SummaryService, job: &SummaryJob) -> Result<Value> {
     let every: i32 = sqlx::query_scalar(include_str!("../../sql/summary/config_int.sql"))
         .bind("summary_spine_every")
         .bind(20)
@@ -490,9 +493,7 @@ async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>>
     let at = r.message_total_at.unwrap_or(0);
     let rebuild = job.is_rebuild();
     if total - at < every && !rebuild {
-        return Ok(Some(
-            json!({"skipped": "fewer new messages than summary_spine_every"}),
-        ));
+        return Ok(json!({"skipped": "fewer new messages than summary_spine_every"}));
     }
     let inputs = spine::Inputs {
         previous: r.content.unwrap_or_default(),
@@ -509,61 +510,33 @@ async fn spine_version(svc: &SummaryService, job: &Job) -> Result<Option<Value>>
         .bind(made.elapsed_ms as i32)
         .fetch_one(&svc.pool)
         .await?;
-    Ok(Some(
-        json!({"version": version, "message_count": total - at, "elapsed_ms": made.elapsed_ms}),
-    ))
+    Ok(json!({"version": version, "message_count": total - at, "elapsed_ms": made.elapsed_ms}))
 }
 
 /// Seed 003's compaction of the chat session named in the payload, as of `now`.
-async fn compact(svc: &SummaryService, job: &Job, now: DateTime<Utc>) -> Result<Option<Value>> {
+async fn compact(svc: &SummaryService, job: &SummaryJob, now: DateTime<Utc>) -> Result<Value> {
     let session = job.payload["chat_session"]
         .as_str()
         .ok_or_else(|| SummaryError::Invalid("compact without chat_session".into()))?;
     let report = super::compaction::compact_session(svc, session, now.timestamp()).await?;
-    Ok(Some(serde_json::to_value(report)?))
+    Ok(serde_json::to_value(report)?)
 }
 
 /// Seed 004's merged user context, made on the lane when a session closes so that the
 /// stored levels (`daily_summaries`, `historical_summaries`, `user_contexts`) are ready
 /// before the user's next session. A model failure degrades (recorded), it does not fail.
-async fn user_context(
-    svc: &SummaryService,
-    job: &Job,
-    now: DateTime<Utc>,
-) -> Result<Option<Value>> {
+async fn user_context(svc: &SummaryService, job: &SummaryJob, now: DateTime<Utc>) -> Result<Value> {
     let scope = job.payload["scope"].as_str().unwrap_or_default();
     let c = super::daily::user_context(svc, scope, &job.user_id, now).await?;
-    Ok(Some(json!({
+    Ok(json!({
         "scope": scope,
         "context_chars": c.context.chars().count(),
         "sources": c.sources,
         "degraded": c.degraded,
-    })))
-}
-
-/// One step of the worker's idle lane: runs a due summary job if there is a service;
-/// true if it did work. Errors are logged (the lane goes on).
-pub async fn run_idle(svc: Option<&SummaryService>) -> bool {
-    let Some(svc) = svc else {
-        return false;
-    };
-    match process_next_summary_job(svc).await {
-        Ok(Outcome::Empty) => false,
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(error = %e, "summary job failed");
-            false
-        }
-    }
+    }))
 }
 
 /// Runs due jobs until none is left (tests, `kvmem summary rebuild`).
 pub async fn drain_at(svc: &SummaryService, now: DateTime<Utc>) -> Result<Vec<Outcome>> {
-    let mut out = Vec::new();
-    loop {
-        match process_next_summary_job_at(svc, now).await? {
-            Outcome::Empty => return Ok(out),
-            o => out.push(o),
-        }
-    }
+    lane::drain(&SummaryLane { svc, now }).await
 }
