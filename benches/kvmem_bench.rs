@@ -256,7 +256,7 @@ where
     T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
 {
     let id = run_one(deps, sid, ch, msg).await?;
-    kvmem::memory::jobs::drain(lane).await?;
+    kvmem::memory::ingest::jobs::drain(lane).await?;
     Ok(sqlx::query_as(&format!(
         "SELECT {columns} FROM turn_log WHERE turn_id = $1 ORDER BY id DESC LIMIT 1"
     ))
@@ -356,7 +356,7 @@ async fn warm_cold_kv(env: &Env, model: &Path, kv_type: &str, sizes: &[usize]) -
         // The lane embeds the seeded dialogue, as it would have while those turns ran;
         // else recall would embed its candidates on the turn's own path.
         let lane = kvmem::memory::worker_service(pool.clone(), &base, None, None).await?;
-        kvmem::memory::jobs::drain(&lane).await?;
+        kvmem::memory::ingest::jobs::drain(&lane).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
         let mut modes: BTreeMap<&str, Vec<TurnTimes>> = BTreeMap::new();
         for i in 0..cold_n {
@@ -1469,7 +1469,7 @@ async fn recall(env: &Env) -> Result<Value> {
 
     // Warm TTFT, memory on vs off, at 2,000 tokens of history that is all in the KV.
     let history = seed_history(&pool, &engine, "ttft", ch, 2000).await?;
-    kvmem::memory::jobs::drain(&lane).await?;
+    kvmem::memory::ingest::jobs::drain(&lane).await?;
     let first = memory_turn(&on_deps, &lane, "ttft", ch, "Status report?").await?;
     anyhow::ensure!(first.cold, "the first turn should start cold");
     let pairs = if env.quick { 4 } else { 12 };

@@ -35,11 +35,13 @@ async fn kv_text(
 }
 
 /// The result of the lane's `remember_about` job among `outcomes`.
-fn about_result(outcomes: &[kvmem::memory::jobs::Outcome]) -> serde_json::Value {
+fn about_result(outcomes: &[kvmem::memory::ingest::jobs::Outcome]) -> serde_json::Value {
     outcomes
         .iter()
         .find_map(|o| match o {
-            kvmem::memory::jobs::Outcome::Done { kind, result, .. } if kind == "remember_about" => {
+            kvmem::memory::ingest::jobs::Outcome::Done { kind, result, .. }
+                if kind == "remember_about" =>
+            {
                 Some(result.clone())
             }
             _ => None,
@@ -102,7 +104,7 @@ async fn a_todo_made_to_one_character_stays_out_of_anothers_context(pool: PgPool
     )
     .await;
     assert_eq!(log.status, "OK", "{:?}", log.error);
-    kvmem::memory::jobs::drain(&lane).await.unwrap();
+    kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let said_on: chrono::NaiveDate = sqlx::query_scalar(
         "SELECT created_at::date FROM messages WHERE turn_id = $1 AND role = 'user'",
     )
@@ -153,7 +155,7 @@ async fn a_todo_made_to_one_character_stays_out_of_anothers_context(pool: PgPool
         "Guess what, I did the walk! Lovely.",
     )
     .await;
-    kvmem::memory::jobs::drain(&lane).await.unwrap();
+    kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let todos = todos_of(&pool, "u1", ada).await;
     assert_eq!(todos.len(), 1, "{todos:?}");
     assert_eq!(todos[0].status, "done");
@@ -178,7 +180,7 @@ async fn a_todo_made_to_one_character_stays_out_of_anothers_context(pool: PgPool
         .execute(&pool)
         .await
         .unwrap();
-    let ran = kvmem::memory::jobs::drain(&lane).await.unwrap();
+    let ran = kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     assert_eq!(ran.len(), 1, "{ran:?}");
     let todos = todos_of(&pool, "u1", ada).await;
     assert_eq!(todos.len(), 1, "a replay reopened the todo: {todos:?}");
@@ -254,7 +256,7 @@ async fn a_memory_line_is_cut_from_the_reply_and_stored_as_lore(pool: PgPool) {
 
     // The lane stores it as seed 002's lore line, for this character.
     let lane = lane(&pool, &s);
-    kvmem::memory::jobs::drain(&lane).await.unwrap();
+    kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let (text, subject, fact_type, source, confidence, character, sources): (
         String,
         String,
@@ -293,11 +295,11 @@ async fn a_memory_line_is_cut_from_the_reply_and_stored_as_lore(pool: PgPool) {
             .await
             .unwrap();
     }
-    let outcomes = kvmem::memory::jobs::drain(&lane).await.unwrap();
+    let outcomes = kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     assert_eq!(outcomes.len(), 2, "{outcomes:?}");
     for o in outcomes {
         match o {
-            kvmem::memory::jobs::Outcome::Done { result, .. } => {
+            kvmem::memory::ingest::jobs::Outcome::Done { result, .. } => {
                 assert_eq!(result["stored"], false, "{result}")
             }
             other => panic!("{other:?}"),
@@ -354,7 +356,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
     )
     .unwrap();
     let lane = lane(&pool, &s).with_extractor(std::sync::Arc::new(extractor));
-    let outcomes = kvmem::memory::jobs::drain(&lane).await.unwrap();
+    let outcomes = kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let result = about_result(&outcomes);
     assert_eq!(result["stored"], true, "{result}");
     let (text, pinned, source, refs): (String, bool, String, Vec<String>) = sqlx::query_as(
@@ -392,7 +394,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
 
     // Nobody the conversation mentions: nothing is stored, and the job says why.
     one_turn(&deps, "s1", "u1", ch, "Remember this about Priya").await;
-    let outcomes = kvmem::memory::jobs::drain(&lane).await.unwrap();
+    let outcomes = kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let none = about_result(&outcomes);
     assert_eq!(none["stored"], false, "{none}");
     assert!(none["reason"].as_str().unwrap().contains("Priya"), "{none}");

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Duration, Utc};
 use kvmem::memory::ingest::import::{self, ExtractMode};
-use kvmem::memory::jobs::{self, Outcome};
+use kvmem::memory::ingest::jobs::{self, Outcome};
 use kvmem::memory::search::rank::{self, Signals};
 use kvmem::memory::search::{self, cards, HitKind, SearchRequest};
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upserted};

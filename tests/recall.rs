@@ -293,7 +293,7 @@ async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
     assert_eq!(queued.len(), 1);
     assert_eq!(queued[0].0, "remember");
     assert_eq!(queued[0].1["text"], "my sister Maya lives in Lisbon");
-    kvmem::memory::jobs::drain(&svc).await.unwrap();
+    kvmem::memory::ingest::jobs::drain(&svc).await.unwrap();
 
     let (t, _) = one_turn(&deps, "k1", "u1", ch, "What do you know about Maya?").await;
     let answer = reply(&pool, t).await;
@@ -331,7 +331,7 @@ async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
         reply(&pool, t).await
     );
     assert_eq!(jobs(&pool, "u1").await.len(), 2);
-    kvmem::memory::jobs::drain(&svc).await.unwrap();
+    kvmem::memory::ingest::jobs::drain(&svc).await.unwrap();
     assert_eq!(active().await, 0, "the forget job archived it");
 }
 

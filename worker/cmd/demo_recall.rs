@@ -74,7 +74,7 @@ async fn lanes(
     let memory = crate::memory::worker_service(pool.clone(), settings, Some(engine.clone()), None)
         .await
         .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
-    let embedded = crate::memory::jobs::drain(&memory)
+    let embedded = crate::memory::ingest::jobs::drain(&memory)
         .await
         .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
     let never_busy: crate::engine::Busy = Arc::new(|| false);

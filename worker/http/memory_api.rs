@@ -5,10 +5,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use crate::memory::ingest::jobs;
 use crate::memory::notes::todos;
 use crate::memory::search::{self, SearchRequest, SearchResponse};
 use crate::memory::store::Scope;
-use crate::memory::{jobs, render, store, MemoryError, MemoryService, RankerKind};
+use crate::memory::{render, store, MemoryError, MemoryService, RankerKind};
 
 /// An HTTP-facing error with its status code.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,6 @@
 
 pub mod embed;
 pub mod ingest;
-pub mod jobs;
 pub mod notes;
 pub mod render;
 pub mod search;

@@ -5,7 +5,8 @@
 //! nearest one".
 
 use super::recall;
-use crate::memory::{jobs, MemoryService};
+use crate::memory::ingest::jobs;
+use crate::memory::MemoryService;
 use crate::turn::{ClaimedTurn, MemoryOp};
 
 /// Longest text a remember or forget takes (the memory SQL API's own limit).

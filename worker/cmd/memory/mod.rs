@@ -13,11 +13,12 @@ use sqlx::PgPool;
 use crate::config::{ConfigError, Settings};
 use crate::db::{self, DbError};
 use crate::memory::ingest::import::{self, ExtractMode};
+use crate::memory::ingest::jobs;
 use crate::memory::notes::todos;
 use crate::memory::search::cards;
 use crate::memory::search::{self, SearchRequest};
 use crate::memory::store::{self, Scope};
-use crate::memory::{jobs, render, MemoryError, MemoryService, RankerKind};
+use crate::memory::{render, MemoryError, MemoryService, RankerKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {

@@ -3,4 +3,5 @@
 
 pub mod extract;
 pub mod import;
+pub mod jobs;
 pub mod llm;

@@ -8,12 +8,12 @@ use sqlx::PgPool;
 
 use crate::lane::{self, Claim, Job, Lane, Step};
 
-use super::notes::blob::rebuild_blob;
-use super::notes::todos;
-use super::notes::{about, lore};
-use super::search::{content_words, message_key, overlap};
-use super::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use super::{embed, event, MemoryError, MemoryService, Result};
+use crate::memory::notes::blob::rebuild_blob;
+use crate::memory::notes::todos;
+use crate::memory::notes::{about, lore};
+use crate::memory::search::{content_words, message_key, overlap};
+use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
+use crate::memory::{embed, event, ExtractedFact, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;
@@ -66,9 +66,9 @@ impl Lane for MemoryService {
     type Error = MemoryError;
     const NAME: &'static str = "memory";
     const STALE_SECS: f64 = STALE_JOB_SECS;
-    const REAP_SQL: &'static str = include_str!("../../sql/memory/job_reap.sql");
-    const CLAIM_SQL: &'static str = include_str!("../../sql/memory/job_claim.sql");
-    const FINISH_SQL: &'static str = include_str!("../../sql/memory/job_finish.sql");
+    const REAP_SQL: &'static str = include_str!("../../../sql/memory/job_reap.sql");
+    const CLAIM_SQL: &'static str = include_str!("../../../sql/memory/job_claim.sql");
+    const FINISH_SQL: &'static str = include_str!("../../../sql/memory/job_finish.sql");
 
     fn pool(&self) -> &PgPool {
         &self.pool
@@ -133,39 +133,25 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     let Some(mid) = message else {
         return Ok(json!({"skipped": "message deleted"}));
     };
-    let Some(m) = sqlx::query_as::<_, JobMessage>(include_str!("../../sql/memory/job_message.sql"))
-        .bind(mid)
-        .fetch_optional(&svc.pool)
-        .await?
+    let Some(m) =
+        sqlx::query_as::<_, JobMessage>(include_str!("../../../sql/memory/job_message.sql"))
+            .bind(mid)
+            .fetch_optional(&svc.pool)
+            .await?
     else {
         return Ok(json!({"skipped": "message deleted"}));
     };
-    let (user, speaker, text) = (m.user_id, m.speaker, m.text);
-    let Some(cleaned) = clean(&text) else {
+    let Some(cleaned) = clean(&m.text) else {
         return Ok(json!({"skipped": "too short"}));
     };
     let mut result = json!({"embedded": false, "facts": 0});
     if m.unembedded {
-        if let Some(v) = svc
-            .embed(vec![message_key(&speaker, &text, m.context.as_deref())])
-            .await
-        {
-            sqlx::query(include_str!("../../sql/memory/set_message_vectors.sql"))
-                .bind(vec![mid])
-                .bind(vec![pgvector::Vector::from(v[0].clone())])
-                .bind(svc.model_name())
-                .execute(&svc.pool)
-                .await?;
-            result["embedded"] = json!(true);
-        } else if svc.embedder.is_none() {
-            result["embed_skipped"] = json!("no embedder");
-        }
+        embed_message(svc, mid, &m, &mut result).await?;
     }
     // Facts and todos come from what the user said, not from the character's replies.
-    if speaker == "assistant" {
+    if m.speaker == "assistant" {
         return Ok(result);
     }
-    let message_id = m.message_id;
     // Todos are persona-scoped: a message said to no character makes none. A replay's
     // copy of a message (`replay:<run>:<source>`) is not said again: replaying a session
     // must not reopen the todos its later messages closed.
@@ -173,7 +159,15 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
         .character_id
         .filter(|_| !crate::turn::is_replay(&m.session_id));
     if let Some(character) = character {
-        let applied = todos::apply(&svc.pool, &user, character, &message_id, &text, m.at).await?;
+        let applied = todos::apply(
+            &svc.pool,
+            &m.user_id,
+            character,
+            &m.message_id,
+            &m.text,
+            m.at,
+        )
+        .await?;
         result["todos"] = json!(applied);
     }
     let Some(extractor) = svc.extractor.clone() else {
@@ -181,35 +175,60 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     };
     // The skip rule is the extraction's first step: such a message is done without the
     // model, and the result says why.
-    if let Some(why) = super::ingest::extract::skip_reason(&cleaned) {
+    if let Some(why) = crate::memory::ingest::extract::skip_reason(&cleaned) {
         result["extracted"] = json!(true);
         result["extract_skipped"] = json!(why);
         return Ok(result);
     }
-    let (sp, tx) = (speaker.clone(), cleaned.clone());
-    let facts = match tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await {
-        Ok(Ok(f)) => f,
-        Ok(Err(e)) => {
-            event(&svc.pool, "memory_extract_error", &e, Some(&user)).await;
-            result["extract_error"] = json!(e);
-            return Ok(result);
-        }
+    let (sp, tx) = (m.speaker.clone(), cleaned.clone());
+    let asked = tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await;
+    let facts = match asked.map_err(|e| e.to_string()).and_then(|r| r) {
+        Ok(f) => f,
         Err(e) => {
-            event(
-                &svc.pool,
-                "memory_extract_error",
-                &e.to_string(),
-                Some(&user),
-            )
-            .await;
-            result["extract_error"] = json!(e.to_string());
+            event(&svc.pool, "memory_extract_error", &e, Some(&m.user_id)).await;
+            result["extract_error"] = json!(e);
             return Ok(result);
         }
     };
     result["extracted"] = json!(true);
+    result["facts"] = json!(store_facts(svc, &m, facts).await?);
+    Ok(result)
+}
+
+/// Embeds the message with the one before it and stores the vector; says in `result`
+/// whether it did, or why not.
+async fn embed_message(
+    svc: &MemoryService,
+    mid: i64,
+    m: &JobMessage,
+    result: &mut Value,
+) -> Result<()> {
+    let key = message_key(&m.speaker, &m.text, m.context.as_deref());
+    if let Some(v) = svc.embed(vec![key]).await {
+        sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
+            .bind(vec![mid])
+            .bind(vec![pgvector::Vector::from(v[0].clone())])
+            .bind(svc.model_name())
+            .execute(&svc.pool)
+            .await?;
+        result["embedded"] = json!(true);
+    } else if svc.embedder.is_none() {
+        result["embed_skipped"] = json!("no embedder");
+    }
+    Ok(())
+}
+
+/// Stores the first facts extracted from message `m`; a fact the store's screens reject is
+/// an event, not an error. Returns how many were stored.
+async fn store_facts(
+    svc: &MemoryService,
+    m: &JobMessage,
+    facts: Vec<ExtractedFact>,
+) -> Result<usize> {
+    let (user, message_id) = (&m.user_id, &m.message_id);
     let mut stored = 0;
     for f in facts.into_iter().take(MAX_FACTS_PER_MESSAGE) {
-        let mut nm = NewMemory::new(&user, f.kind, f.fact_type, &f.text, Source::Extraction);
+        let mut nm = NewMemory::new(user, f.kind, f.fact_type, &f.text, Source::Extraction);
         nm.character_id = None;
         nm.guild_id = m.guild_id.clone();
         nm.channel_id = m.channel_id.clone();
@@ -224,14 +243,13 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
         match store::upsert(&svc.pool, nm).await {
             Ok(_) => stored += 1,
             Err(MemoryError::Invalid(reason)) => {
-                event(&svc.pool, "memory_fact_rejected", &reason, Some(&user)).await;
+                event(&svc.pool, "memory_fact_rejected", &reason, Some(user)).await;
             }
             Err(e) => return Err(e),
         }
     }
-    store::archive_keep(&svc.pool, &user, svc.config.keep_user, svc.config.keep_lore).await?;
-    result["facts"] = json!(stored);
-    Ok(result)
+    store::archive_keep(&svc.pool, user, svc.config.keep_user, svc.config.keep_lore).await?;
+    Ok(stored)
 }
 
 async fn remember(
@@ -379,14 +397,14 @@ pub async fn curate(svc: &MemoryService, scope: &Scope) -> Result<Vec<i64>> {
         let drop: Vec<i64> = group[1..].iter().map(|&g| facts[g].id).collect();
         // Transaction scope: one folded group (keeper updated, duplicates archived).
         let mut tx = svc.pool.begin().await?;
-        sqlx::query(include_str!("../../sql/memory/curate_set_fold.sql"))
+        sqlx::query(include_str!("../../../sql/memory/curate_set_fold.sql"))
             .bind(keep.id)
             .bind(&ids)
             .bind(imp)
             .execute(&mut *tx)
             .await?;
         let archived: Vec<i64> =
-            sqlx::query_scalar(include_str!("../../sql/memory/archive_ids.sql"))
+            sqlx::query_scalar(include_str!("../../../sql/memory/archive_ids.sql"))
                 .bind(&scope.user_id)
                 .bind(&drop)
                 .fetch_all(&mut *tx)
