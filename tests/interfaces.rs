@@ -521,17 +521,17 @@ async fn replay_lane_waits_while_live_turns_are_ready(pool: PgPool) {
     let ch = character(&pool, "u1", "Ada").await;
     // Replay turns are older (lower ids) than the live ones, yet live goes first.
     for i in 0..3 {
-        kvmem::queue::enqueue_on(
-            &pool,
-            &format!("r{i}"),
-            "u1",
-            ch,
-            "replayed",
-            None,
-            "replay",
-        )
-        .await
-        .unwrap();
+        let session_id = format!("r{i}");
+        let turn = kvmem::queue::NewTurn {
+            session_id: &session_id,
+            user_id: "u1",
+            character_id: ch,
+            message: "replayed",
+            idempotency_key: None,
+        };
+        kvmem::queue::enqueue_on(&pool, &turn, "replay")
+            .await
+            .unwrap();
     }
     for i in 0..3 {
         kvmem::queue::enqueue(&pool, &format!("l{i}"), "u1", ch, "live", None)

@@ -197,16 +197,14 @@ pub async fn run(
             .await?;
         for (i, msg) in scene.messages.iter().enumerate() {
             let key = format!("{target}:{i}");
-            let id = queue::enqueue_on(
-                pool,
-                &target,
-                &scene.user_id,
-                scene.character_id,
-                msg,
-                Some(&key),
-                "replay",
-            )
-            .await?;
+            let turn = queue::NewTurn {
+                session_id: &target,
+                user_id: &scene.user_id,
+                character_id: scene.character_id,
+                message: msg,
+                idempotency_key: Some(&key),
+            };
+            let id = queue::enqueue_on(pool, &turn, "replay").await?;
             queued.push((scene, target.clone(), i, id));
         }
     }

@@ -105,11 +105,18 @@ pub fn decode_together(
         });
     }
 
-    if let Err(e) = prefill(engine, ctx, &jobs, &mut live, &ms) {
-        fail_running(&mut live, &e);
+    let mut joint = Joint {
+        engine,
+        ctx: &mut *ctx,
+        jobs: &jobs,
+        live: &mut live,
+        ms: &ms,
+    };
+    if let Err(e) = joint.prefill() {
+        fail_running(joint.live, &e);
     }
-    if let Err(e) = generate(engine, ctx, &jobs, &mut live, &ms) {
-        fail_running(&mut live, &e);
+    if let Err(e) = joint.generate() {
+        fail_running(joint.live, &e);
     }
 
     live.into_iter()
@@ -131,104 +138,110 @@ fn fail_running(live: &mut [Live], e: &EngineError) {
     }
 }
 
-/// The pending tokens of every running session, in chunks of at most `n_batch` tokens; a
-/// session's first reply token is sampled right after the chunk holding its last pending
-/// token, before the next chunk overwrites the logits.
-fn prefill(
-    engine: &Engine,
-    ctx: &mut LlamaContext<'static>,
-    jobs: &[SeqJob],
-    live: &mut [Live],
-    ms: &impl Fn() -> u64,
-) -> Result<()> {
-    let n_batch = engine.params.n_batch as usize;
-    let mut batch = LlamaBatch::new(n_batch, live.len() as i32);
-    // (session, index in the batch) of the logits rows this chunk produces.
-    let mut rows: Vec<(usize, i32)> = Vec::new();
-    let all = live
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.result.is_none())
-        .flat_map(|(i, _)| {
-            let n = jobs[i].pending.len();
-            jobs[i]
-                .pending
-                .iter()
-                .enumerate()
-                .map(move |(k, &t)| (i, k, t, k + 1 == n))
-        })
-        .collect::<Vec<_>>();
-    for chunk in all.chunks(n_batch) {
-        batch.clear();
-        rows.clear();
-        for &(i, k, t, last) in chunk {
-            let pos = (live[i].pos as usize + k) as i32;
-            if last {
-                rows.push((i, batch.n_tokens()));
-            }
-            batch
-                .add(t, pos, &[live[i].seq], last)
-                .map_err(|e| EngineError::Decode(e.to_string()))?;
-        }
-        ctx.decode(&mut batch)
-            .map_err(|e| EngineError::Decode(e.to_string()))?;
-        for &(i, row) in &rows {
-            let l = &mut live[i];
-            l.pos += jobs[i].pending.len() as u32;
-            l.next = Some(l.sampler.sample(ctx, row));
-            l.first_token_ms = ms();
-        }
-    }
-    Ok(())
+/// What the two phases of a joint decode, shared prefill and shared generation steps,
+/// both read and advance.
+struct Joint<'a> {
+    engine: &'a Engine,
+    ctx: &'a mut LlamaContext<'static>,
+    jobs: &'a [SeqJob],
+    live: &'a mut [Live],
+    /// Milliseconds since the joint decode started.
+    ms: &'a dyn Fn() -> u64,
 }
 
-/// Shared generation steps: each running session adds its sampled token to the step's
-/// batch until it samples an end-of-generation token, reaches its `max`, or is aborted.
-/// The rule per session is the one-sequence loop's ([`super::KvSession::generate`]), so a
-/// session's reply does not depend on who shares the steps.
-fn generate(
-    engine: &Engine,
-    ctx: &mut LlamaContext<'static>,
-    jobs: &[SeqJob],
-    live: &mut [Live],
-    ms: &impl Fn() -> u64,
-) -> Result<()> {
-    let mut batch = LlamaBatch::new(live.len().max(1), live.len() as i32);
-    let mut rows: Vec<(usize, i32)> = Vec::new();
-    loop {
-        batch.clear();
-        rows.clear();
-        for (i, l) in live.iter_mut().enumerate() {
-            if l.result.is_some() {
-                continue;
+impl Joint<'_> {
+    /// The pending tokens of every running session, in chunks of at most `n_batch` tokens; a
+    /// session's first reply token is sampled right after the chunk holding its last pending
+    /// token, before the next chunk overwrites the logits.
+    fn prefill(&mut self) -> Result<()> {
+        let jobs = self.jobs;
+        let n_batch = self.engine.params.n_batch as usize;
+        let mut batch = LlamaBatch::new(n_batch, self.live.len() as i32);
+        // (session, index in the batch) of the logits rows this chunk produces.
+        let mut rows: Vec<(usize, i32)> = Vec::new();
+        let all = self
+            .live
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.result.is_none())
+            .flat_map(|(i, _)| {
+                let n = jobs[i].pending.len();
+                jobs[i]
+                    .pending
+                    .iter()
+                    .enumerate()
+                    .map(move |(k, &t)| (i, k, t, k + 1 == n))
+            })
+            .collect::<Vec<_>>();
+        for chunk in all.chunks(n_batch) {
+            batch.clear();
+            rows.clear();
+            for &(i, k, t, last) in chunk {
+                let pos = (self.live[i].pos as usize + k) as i32;
+                if last {
+                    rows.push((i, batch.n_tokens()));
+                }
+                batch
+                    .add(t, pos, &[self.live[i].seq], last)
+                    .map_err(|e| EngineError::Decode(e.to_string()))?;
             }
-            if jobs[i].abort.load(Ordering::Relaxed) {
-                l.result = Some(Err(EngineError::Aborted));
-                continue;
+            self.ctx
+                .decode(&mut batch)
+                .map_err(|e| EngineError::Decode(e.to_string()))?;
+            for &(i, row) in &rows {
+                let l = &mut self.live[i];
+                l.pos += jobs[i].pending.len() as u32;
+                l.next = Some(l.sampler.sample(self.ctx, row));
+                l.first_token_ms = (self.ms)();
             }
-            let next = match l.next {
-                Some(t) if (l.out.len() as u32) < jobs[i].max && !engine.is_eog(t) => t,
-                _ => {
-                    l.done_ms = ms();
-                    l.result = Some(Ok(()));
+        }
+        Ok(())
+    }
+
+    /// Shared generation steps: each running session adds its sampled token to the step's
+    /// batch until it samples an end-of-generation token, reaches its `max`, or is aborted.
+    /// The rule per session is the one-sequence loop's ([`super::KvSession::generate`]), so a
+    /// session's reply does not depend on who shares the steps.
+    fn generate(&mut self) -> Result<()> {
+        let jobs = self.jobs;
+        let mut batch = LlamaBatch::new(self.live.len().max(1), self.live.len() as i32);
+        let mut rows: Vec<(usize, i32)> = Vec::new();
+        loop {
+            batch.clear();
+            rows.clear();
+            for (i, l) in self.live.iter_mut().enumerate() {
+                if l.result.is_some() {
                     continue;
                 }
-            };
-            l.out.push(next);
-            rows.push((i, batch.n_tokens()));
-            batch
-                .add(next, l.pos as i32, &[l.seq], true)
+                if jobs[i].abort.load(Ordering::Relaxed) {
+                    l.result = Some(Err(EngineError::Aborted));
+                    continue;
+                }
+                let next = match l.next {
+                    Some(t) if (l.out.len() as u32) < jobs[i].max && !self.engine.is_eog(t) => t,
+                    _ => {
+                        l.done_ms = (self.ms)();
+                        l.result = Some(Ok(()));
+                        continue;
+                    }
+                };
+                l.out.push(next);
+                rows.push((i, batch.n_tokens()));
+                batch
+                    .add(next, l.pos as i32, &[l.seq], true)
+                    .map_err(|e| EngineError::Decode(e.to_string()))?;
+                l.pos += 1;
+            }
+            if rows.is_empty() {
+                return Ok(());
+            }
+            self.ctx
+                .decode(&mut batch)
                 .map_err(|e| EngineError::Decode(e.to_string()))?;
-            l.pos += 1;
-        }
-        if rows.is_empty() {
-            return Ok(());
-        }
-        ctx.decode(&mut batch)
-            .map_err(|e| EngineError::Decode(e.to_string()))?;
-        for &(i, row) in &rows {
-            let l = &mut live[i];
-            l.next = Some(l.sampler.sample(ctx, row));
+            for &(i, row) in &rows {
+                let l = &mut self.live[i];
+                l.next = Some(l.sampler.sample(self.ctx, row));
+            }
         }
     }
 }

@@ -39,33 +39,13 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
     }
     // The lease keys go to the fence and the release; only complete.sql needs the texts,
     // so the messages and replies cross the wire once.
-    let keys = serde_json::Value::Array(
-        batch
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "turn_id": c.turn.id.0,
-                    "session_id": c.turn.session_id,
-                    "fencing_token": c.turn.fencing_token,
-                    "owner": c.turn.owner,
-                })
-            })
-            .collect(),
-    );
-    let texts = serde_json::Value::Array(
-        batch
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "turn_id": c.turn.id.0,
-                    "session_id": c.turn.session_id,
-                    "fencing_token": c.turn.fencing_token,
-                    "message": c.turn.message,
-                    "reply": c.output.reply,
-                })
-            })
-            .collect(),
-    );
+    let keys = per_turn(batch, |c| [("owner", serde_json::json!(c.turn.owner))]);
+    let texts = per_turn(batch, |c| {
+        [
+            ("message", serde_json::json!(c.turn.message)),
+            ("reply", serde_json::json!(c.output.reply)),
+        ]
+    });
     // Scope: every completion of the batch, each guarded by its own fencing token.
     let mut tx = pool.begin().await?;
     let held: Vec<i64> = sqlx::query_scalar(include_str!("../../sql/queue/fence_many.sql"))
@@ -123,6 +103,26 @@ pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Re
             }
         })
         .collect())
+}
+
+/// One object per completion: the turn's fencing key (id, session, token), then the
+/// fields `more` adds for the statement the array goes to.
+fn per_turn<const N: usize>(
+    batch: &[Completion],
+    more: impl Fn(&Completion) -> [(&'static str, serde_json::Value); N],
+) -> serde_json::Value {
+    let rows = batch.iter().map(|c| {
+        let mut row = serde_json::json!({
+            "turn_id": c.turn.id.0,
+            "session_id": c.turn.session_id,
+            "fencing_token": c.turn.fencing_token,
+        });
+        for (key, value) in more(c) {
+            row[key] = value;
+        }
+        row
+    });
+    serde_json::Value::Array(rows.collect())
 }
 
 /// The batch's in-chat memory commands, for `memory_ops.sql`.

@@ -6,11 +6,9 @@ use chrono::{DateTime, Utc};
 use super::super::{embed, store, MemoryService, RankerKind, Result};
 use super::rank::{self, Signals};
 use super::rows::channel_score;
-use super::vector::store_backfill;
+use super::vector::{embed_missing, store_backfill};
 use super::words::overlap;
-use super::{
-    ranks, Hit, HitKind, SearchRequest, BACKFILL_PER_QUERY, FACT_CANDIDATES, VECTOR_CANDIDATES,
-};
+use super::{ranks, Hit, HitKind, SearchRequest, FACT_CANDIDATES, VECTOR_CANDIDATES};
 
 // Long: the fact leg's scoring: two orders, their ranks and the fused score share every local.
 pub(super) async fn memory_hits(
@@ -106,24 +104,10 @@ pub(super) async fn memory_hits(
 }
 
 pub(super) async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memory]) {
-    let todo: Vec<usize> = (0..facts.len())
-        .filter(|&i| facts[i].embedding.is_none())
-        .take(BACKFILL_PER_QUERY)
-        .collect();
-    if todo.is_empty() {
-        return;
-    }
-    let texts = todo
-        .iter()
-        .map(|&i| {
-            store::embed_text(
-                &facts[i].fact_type,
-                &facts[i].text,
-                facts[i].evidence_text.as_deref(),
-            )
-        })
-        .collect();
-    let Some(vecs) = svc.embed(texts).await else {
+    let missing = |f: &store::Memory| f.embedding.is_none();
+    let text =
+        |f: &store::Memory| store::embed_text(&f.fact_type, &f.text, f.evidence_text.as_deref());
+    let Some((todo, vecs)) = embed_missing(svc, facts, missing, text).await else {
         return;
     };
     let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();

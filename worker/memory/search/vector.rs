@@ -87,22 +87,11 @@ pub(super) async fn backfill(
     rows: &mut [MsgRow],
     cos: &mut HashMap<i64, f64>,
 ) {
-    let todo: Vec<&MsgRow> = rows
-        .iter()
-        .filter(|r| r.unembedded)
-        .take(BACKFILL_PER_QUERY)
-        .collect();
-    if todo.is_empty() {
-        return;
-    }
-    let texts = todo
-        .iter()
-        .map(|r| message_key(&r.speaker, &r.text, r.context.as_deref()))
-        .collect();
-    let Some(vecs) = svc.embed(texts).await else {
+    let text = |r: &MsgRow| message_key(&r.speaker, &r.text, r.context.as_deref());
+    let Some((todo, vecs)) = embed_missing(svc, rows, |r| r.unembedded, text).await else {
         return;
     };
-    let ids: Vec<i64> = todo.iter().map(|r| r.id).collect();
+    let ids: Vec<i64> = todo.iter().map(|&i| rows[i].id).collect();
     for (id, v) in ids.iter().zip(&vecs) {
         cos.insert(*id, embed::dot(q, v) as f64);
     }
@@ -119,6 +108,27 @@ pub(super) async fn backfill(
             r.unembedded = false;
         }
     }
+}
+
+/// The first [`BACKFILL_PER_QUERY`] of `items` that lack a vector (their indices) with the
+/// vectors just computed for them from `text`; `None` when none lacks one or nothing could
+/// embed them.
+pub(super) async fn embed_missing<T>(
+    svc: &MemoryService,
+    items: &[T],
+    missing: impl Fn(&T) -> bool,
+    text: impl Fn(&T) -> String,
+) -> Option<(Vec<usize>, Vec<Vec<f32>>)> {
+    let todo: Vec<usize> = (0..items.len())
+        .filter(|&i| missing(&items[i]))
+        .take(BACKFILL_PER_QUERY)
+        .collect();
+    if todo.is_empty() {
+        return None;
+    }
+    let texts = todo.iter().map(|&i| text(&items[i])).collect();
+    let vecs = svc.embed(texts).await?;
+    Some((todo, vecs))
 }
 
 /// Writes vectors backfilled during a search. A failed write only costs the next search
