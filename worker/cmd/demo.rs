@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -215,9 +215,21 @@ async fn scene(pool: &PgPool) -> Result<String> {
     Ok(sid)
 }
 
+/// A successful turn's log line, as `demo_turn_logs.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct TurnLogRow {
+    cold: bool,
+    digest_injected: bool,
+    tokens_in_kv: i32,
+    kv_bytes: i64,
+    latency_ms: i32,
+    ttft_ms: i32,
+    digest_version: String,
+}
+
 /// The readable table: one row per turn.
 pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
-    let rows = sqlx::query(include_str!("../../sql/cmd/demo_turn_logs.sql"))
+    let rows = sqlx::query_as::<_, TurnLogRow>(include_str!("../../sql/cmd/demo_turn_logs.sql"))
         .bind(sid)
         .fetch_all(pool)
         .await?;
@@ -225,22 +237,17 @@ pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
     let _ = writeln!(out, "| turn | start | digest_injected | digest_version | tokens_in_kv | kv_bytes | ttft_ms | latency_ms |");
     let _ = writeln!(out, "|---:|---|---|---|---:|---:|---:|---:|");
     for (i, r) in rows.iter().enumerate() {
-        let version: String = r.try_get("digest_version")?;
         let _ = writeln!(
             out,
             "| T{} | {} | {} | {} | {} | {} | {} | {} |",
             i + 1,
-            if r.try_get::<bool, _>("cold")? {
-                "cold"
-            } else {
-                "warm"
-            },
-            r.try_get::<bool, _>("digest_injected")?,
-            short_sha(&version),
-            r.try_get::<i32, _>("tokens_in_kv")?,
-            r.try_get::<i64, _>("kv_bytes")?,
-            r.try_get::<i32, _>("ttft_ms")?,
-            r.try_get::<i32, _>("latency_ms")?
+            if r.cold { "cold" } else { "warm" },
+            r.digest_injected,
+            short_sha(&r.digest_version),
+            r.tokens_in_kv,
+            r.kv_bytes,
+            r.ttft_ms,
+            r.latency_ms
         );
     }
     Ok(out)

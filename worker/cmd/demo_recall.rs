@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use chrono::{Duration, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::scene::{wait_done, Result};
 use crate::config::Settings;
@@ -90,16 +90,16 @@ async fn lanes(
         later.format("%H:%M:%S"),
         jobs.len()
     );
-    let row = sqlx::query(include_str!("../../sql/cmd/demo_recall_summary.sql"))
-        .bind(USER)
-        .fetch_optional(pool)
-        .await?;
-    if let Some(r) = row {
-        let summary: Option<serde_json::Value> = r.try_get("summary")?;
+    let row = sqlx::query_as::<_, (String, Option<serde_json::Value>)>(include_str!(
+        "../../sql/cmd/demo_recall_summary.sql"
+    ))
+    .bind(USER)
+    .fetch_optional(pool)
+    .await?;
+    if let Some((status, summary)) = row {
         let _ = writeln!(
             out,
-            "session summary ({}): {}",
-            r.try_get::<String, _>("status")?,
+            "session summary ({status}): {}",
             summary.map(|v| v.to_string()).unwrap_or_default()
         );
     }
@@ -113,12 +113,11 @@ fn holds(text: &str, fact: &str) -> bool {
 
 /// The newest recall block in the session's committed KV, as the model saw it.
 async fn newest_recall(pool: &PgPool, engine: &Engine, sid: &str) -> Result<String> {
-    let row = sqlx::query(include_str!("../../sql/cmd/demo_recall_kv.sql"))
-        .bind(sid)
-        .fetch_one(pool)
-        .await?;
-    let ids: Vec<i32> = row.try_get("token_ids")?;
-    let table: String = row.try_get("segments")?;
+    let (ids, table) =
+        sqlx::query_as::<_, (Vec<i32>, String)>(include_str!("../../sql/cmd/demo_recall_kv.sql"))
+            .bind(sid)
+            .fetch_one(pool)
+            .await?;
     let Ok(segments) = crate::snapshot::parse_segments(&table, ids.len() as u32) else {
         return Ok(String::new());
     };
@@ -138,6 +137,17 @@ async fn newest_recall(pool: &PgPool, engine: &Engine, sid: &str) -> Result<Stri
     Ok(newest)
 }
 
+/// What one turn injected and its reply, as `demo_recall_turn.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct TurnRow {
+    memory_keys: Vec<String>,
+    m_tokens: i32,
+    context_injected: bool,
+    c_tokens: i32,
+    tokens_in_kv: i32,
+    reply: String,
+}
+
 /// Per turn of session 2: what recall injected, whether the context went in, the KV size,
 /// and whether the reply holds the fact asked about.
 async fn table(pool: &PgPool, turns: &[(i64, String)], out: &mut String) -> Result<()> {
@@ -148,13 +158,11 @@ async fn table(pool: &PgPool, turns: &[(i64, String)], out: &mut String) -> Resu
     let _ = writeln!(out, "|---|---|---:|---|---|---:|---|");
     let mut blocks = String::new();
     for (i, ((id, recalled), (_, fact))) in turns.iter().zip(SECOND).enumerate() {
-        let r = sqlx::query(include_str!("../../sql/cmd/demo_recall_turn.sql"))
+        let r = sqlx::query_as::<_, TurnRow>(include_str!("../../sql/cmd/demo_recall_turn.sql"))
             .bind(id)
             .fetch_one(pool)
             .await?;
-        let keys: Vec<String> = r.try_get("memory_keys")?;
-        let reply: String = r.try_get("reply")?;
-        let m_tokens: i32 = r.try_get("m_tokens")?;
+        let m_tokens = r.m_tokens;
         // The session's newest recall block is this turn's only if the turn injected one.
         let recalled = if m_tokens > 0 { recalled.as_str() } else { "" };
         let _ = writeln!(
@@ -171,16 +179,16 @@ async fn table(pool: &PgPool, turns: &[(i64, String)], out: &mut String) -> Resu
             out,
             "| S2.T{} | {} | {m_tokens} | {} | {} ({}) | {} | {} ({fact}) |",
             i + 1,
-            if keys.is_empty() {
+            if r.memory_keys.is_empty() {
                 "-".to_string()
             } else {
-                keys.join(" ")
+                r.memory_keys.join(" ")
             },
             if holds(recalled, fact) { "yes" } else { "no" },
-            r.try_get::<bool, _>("context_injected")?,
-            r.try_get::<i32, _>("c_tokens")?,
-            r.try_get::<i32, _>("tokens_in_kv")?,
-            if holds(&reply, fact) { "yes" } else { "no" },
+            r.context_injected,
+            r.c_tokens,
+            r.tokens_in_kv,
+            if holds(&r.reply, fact) { "yes" } else { "no" },
         );
     }
     let _ = writeln!(

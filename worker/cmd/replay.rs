@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use crate::queue::{self, QueueError};
 
@@ -40,19 +40,46 @@ pub struct TurnStart {
     pub rebuild: Option<String>,
 }
 
-impl TurnStart {
-    fn from_row(row: &sqlx::postgres::PgRow) -> Result<Option<TurnStart>, sqlx::Error> {
-        let cold: Option<bool> = row.try_get("cold")?;
-        Ok(match cold {
-            None => None,
-            Some(cold) => Some(TurnStart {
-                cold,
-                cold_reason: row.try_get("cold_reason")?,
-                rebuild: row.try_get("rebuild")?,
-            }),
+/// A turn's start columns from its log row; all null when the turn has no OK log row.
+#[derive(Debug, sqlx::FromRow)]
+struct StartCols {
+    cold: Option<bool>,
+    cold_reason: Option<String>,
+    rebuild: Option<String>,
+}
+
+impl StartCols {
+    fn start(self) -> Option<TurnStart> {
+        Some(TurnStart {
+            cold: self.cold?,
+            cold_reason: self.cold_reason,
+            rebuild: self.rebuild,
         })
     }
+}
 
+/// A recorded turn, as `replay_source_turns.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct SourceTurnRow {
+    user_id: String,
+    character_id: i64,
+    message: String,
+    reply: Option<String>,
+    #[sqlx(flatten)]
+    start: StartCols,
+}
+
+/// A replayed turn's outcome, as `replay_turn_result.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct TurnResultRow {
+    state: String,
+    reply: Option<String>,
+    latency_ms: Option<i32>,
+    #[sqlx(flatten)]
+    start: StartCols,
+}
+
+impl TurnStart {
     /// `warm`, `cold (exact)` or `cold (text): <reason>`: the table's start column.
     fn label(start: Option<&TurnStart>) -> String {
         match start {
@@ -124,32 +151,31 @@ pub enum ReplayError {
 pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Scene>, ReplayError> {
     let mut scenes = Vec::new();
     for sid in sessions {
-        let rows = sqlx::query(include_str!("../../sql/cmd/replay_source_turns.sql"))
-            .bind(sid)
-            .fetch_all(pool)
-            .await?;
+        let rows = sqlx::query_as::<_, SourceTurnRow>(include_str!(
+            "../../sql/cmd/replay_source_turns.sql"
+        ))
+        .bind(sid)
+        .fetch_all(pool)
+        .await?;
         let first = rows
             .first()
             .ok_or_else(|| ReplayError::UnknownSession(sid.clone()))?;
+        let (user_id, character_id) = (first.user_id.clone(), first.character_id);
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut replies = Vec::with_capacity(rows.len());
+        let mut starts = Vec::with_capacity(rows.len());
+        for r in rows {
+            messages.push(r.message);
+            replies.push(r.reply.unwrap_or_default());
+            starts.push(r.start.start());
+        }
         scenes.push(Scene {
             session_id: sid.clone(),
-            user_id: first.try_get("user_id")?,
-            character_id: first.try_get("character_id")?,
-            messages: rows
-                .iter()
-                .map(|r| r.try_get("message"))
-                .collect::<Result<_, _>>()?,
-            replies: rows
-                .iter()
-                .map(|r| {
-                    r.try_get::<Option<String>, _>("reply")
-                        .map(Option::unwrap_or_default)
-                })
-                .collect::<Result<_, _>>()?,
-            starts: rows
-                .iter()
-                .map(TurnStart::from_row)
-                .collect::<Result<_, _>>()?,
+            user_id,
+            character_id,
+            messages,
+            replies,
+            starts,
             facts_changed: sqlx::query_scalar(include_str!(
                 "../../sql/cmd/replay_facts_changed.sql"
             ))
@@ -236,21 +262,23 @@ pub async fn run(
     bar.finish();
     let mut turns = Vec::new();
     for (scene, target, i, id) in queued {
-        let row = sqlx::query(include_str!("../../sql/cmd/replay_turn_result.sql"))
-            .bind(id.0)
-            .fetch_one(pool)
-            .await?;
-        let reply: Option<String> = row.try_get("reply")?;
+        let row = sqlx::query_as::<_, TurnResultRow>(include_str!(
+            "../../sql/cmd/replay_turn_result.sql"
+        ))
+        .bind(id.0)
+        .fetch_one(pool)
+        .await?;
+        let reply = row.reply;
         let original = scene.replies.get(i).cloned();
         turns.push(TurnReport {
             source_session: scene.session_id.clone(),
             replay_session: target,
             index: i,
             turn_id: id.0,
-            state: row.try_get("state")?,
-            latency_ms: row.try_get("latency_ms")?,
-            cold: row.try_get("cold")?,
-            start: TurnStart::from_row(&row)?,
+            state: row.state,
+            latency_ms: row.latency_ms,
+            cold: row.start.cold,
+            start: row.start.start(),
             original_start: scene.starts.get(i).cloned().flatten(),
             after_original_cold: last_cold_start(&scene.starts[..scene.starts.len().min(i + 1)]),
             identical: original.as_ref().map(|o| Some(o) == reply.as_ref()),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use crate::config::ConfigError;
 use crate::queue::{QueueError, TurnId};
@@ -70,24 +70,15 @@ pub(super) async fn demo_character(pool: &PgPool, user: &str) -> Result<i64> {
 pub(super) async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     loop {
-        let row = sqlx::query(include_str!("../../sql/cmd/demo_turn_state.sql"))
-            .bind(id.0)
-            .fetch_one(pool)
-            .await?;
-        let state: String = row.try_get("state")?;
+        let (state, reply, error) = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
+            include_str!("../../sql/cmd/demo_turn_state.sql"),
+        )
+        .bind(id.0)
+        .fetch_one(pool)
+        .await?;
         match state.as_str() {
-            "done" => {
-                return Ok(row
-                    .try_get::<Option<String>, _>("reply")?
-                    .unwrap_or_default())
-            }
-            "failed" | "dead" => {
-                return Err(DemoError::Turn {
-                    id,
-                    error: row.try_get("error")?,
-                    state,
-                })
-            }
+            "done" => return Ok(reply.unwrap_or_default()),
+            "failed" | "dead" => return Err(DemoError::Turn { id, error, state }),
             _ if std::time::Instant::now() > deadline => {
                 return Err(DemoError::Timeout(
                     "a demo turn did not finish in 10 minutes",

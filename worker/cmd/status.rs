@@ -2,40 +2,50 @@
 
 use std::fmt::Write;
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
+
+/// A running turn and its lease, as `status_running.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct RunningRow {
+    turn_id: i64,
+    session_id: String,
+    owner: Option<String>,
+    lease_age_s: f64,
+    expires_in_s: f64,
+}
+
+/// A dead-lettered turn, as `status_dead.sql` returns it.
+#[derive(Debug, sqlx::FromRow)]
+struct DeadRow {
+    turn_id: i64,
+    session_id: String,
+    attempts: i32,
+    error: Option<String>,
+}
 
 /// Renders the queue's state as text.
 pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
     let mut out = String::new();
-    let counts = sqlx::query(include_str!("../../sql/cmd/status_counts.sql"))
-        .fetch_all(pool)
-        .await?;
+    let counts =
+        sqlx::query_as::<_, (String, i64)>(include_str!("../../sql/cmd/status_counts.sql"))
+            .fetch_all(pool)
+            .await?;
     let _ = writeln!(out, "turns by state:");
-    for r in &counts {
-        let _ = writeln!(
-            out,
-            "  {:<8} {}",
-            r.try_get::<String, _>("state")?,
-            r.try_get::<i64, _>("turns")?
-        );
+    for (state, turns) in &counts {
+        let _ = writeln!(out, "  {state:<8} {turns}");
     }
-    let oldest = sqlx::query(include_str!("../../sql/cmd/status_oldest.sql"))
-        .fetch_all(pool)
-        .await?;
+    let oldest =
+        sqlx::query_as::<_, (String, f64, i64)>(include_str!("../../sql/cmd/status_oldest.sql"))
+            .fetch_all(pool)
+            .await?;
     let _ = writeln!(out, "oldest queued:");
     if oldest.is_empty() {
         let _ = writeln!(out, "  (queue empty)");
     }
-    for r in &oldest {
-        let _ = writeln!(
-            out,
-            "  {:<7} {:.1}s ({} queued)",
-            r.try_get::<String, _>("lane")?,
-            r.try_get::<f64, _>("age_s")?,
-            r.try_get::<i64, _>("queued")?
-        );
+    for (lane, age_s, queued) in &oldest {
+        let _ = writeln!(out, "  {lane:<7} {age_s:.1}s ({queued} queued)");
     }
-    let running = sqlx::query(include_str!("../../sql/cmd/status_running.sql"))
+    let running = sqlx::query_as::<_, RunningRow>(include_str!("../../sql/cmd/status_running.sql"))
         .fetch_all(pool)
         .await?;
     let _ = writeln!(out, "running ({}):", running.len());
@@ -43,14 +53,14 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
         let _ = writeln!(
             out,
             "  turn {} sid={} owner={} lease_age={:.1}s expires_in={:.1}s",
-            r.try_get::<i64, _>("turn_id")?,
-            r.try_get::<String, _>("session_id")?,
-            r.try_get::<Option<String>, _>("owner")?.unwrap_or_default(),
-            r.try_get::<f64, _>("lease_age_s")?,
-            r.try_get::<f64, _>("expires_in_s")?
+            r.turn_id,
+            r.session_id,
+            r.owner.as_deref().unwrap_or_default(),
+            r.lease_age_s,
+            r.expires_in_s
         );
     }
-    let dead = sqlx::query(include_str!("../../sql/cmd/status_dead.sql"))
+    let dead = sqlx::query_as::<_, DeadRow>(include_str!("../../sql/cmd/status_dead.sql"))
         .fetch_all(pool)
         .await?;
     let _ = writeln!(out, "dead ({} shown):", dead.len());
@@ -58,26 +68,26 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
         let _ = writeln!(
             out,
             "  turn {} sid={} attempts={} error={}",
-            r.try_get::<i64, _>("turn_id")?,
-            r.try_get::<String, _>("session_id")?,
-            r.try_get::<i32, _>("attempts")?,
-            r.try_get::<Option<String>, _>("error")?.unwrap_or_default()
+            r.turn_id,
+            r.session_id,
+            r.attempts,
+            r.error.as_deref().unwrap_or_default()
         );
     }
-    let lat = sqlx::query(include_str!("../../sql/cmd/status_latency.sql"))
-        .fetch_one(pool)
-        .await?;
-    let warm = sqlx::query(include_str!("../../sql/cmd/status_warm.sql"))
-        .fetch_one(pool)
-        .await?;
+    let (turns, p50_ms, p95_ms) = sqlx::query_as::<_, (i64, Option<f64>, Option<f64>)>(
+        include_str!("../../sql/cmd/status_latency.sql"),
+    )
+    .fetch_one(pool)
+    .await?;
+    let (warm, cold) =
+        sqlx::query_as::<_, (i64, i64)>(include_str!("../../sql/cmd/status_warm.sql"))
+            .fetch_one(pool)
+            .await?;
     let _ = writeln!(
         out,
-        "last hour: {} ok turns, p50 {:.0} ms, p95 {:.0} ms, warm {} / cold {}",
-        lat.try_get::<i64, _>("turns")?,
-        lat.try_get::<Option<f64>, _>("p50_ms")?.unwrap_or(0.0),
-        lat.try_get::<Option<f64>, _>("p95_ms")?.unwrap_or(0.0),
-        warm.try_get::<i64, _>("warm")?,
-        warm.try_get::<i64, _>("cold")?
+        "last hour: {turns} ok turns, p50 {:.0} ms, p95 {:.0} ms, warm {warm} / cold {cold}",
+        p50_ms.unwrap_or(0.0),
+        p95_ms.unwrap_or(0.0)
     );
     out.push_str(&crate::summary::cli::status_report(pool).await?);
     Ok(out)

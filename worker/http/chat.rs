@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tokio::sync::broadcast;
 
 use crate::queue::{self, TurnId};
@@ -159,20 +159,37 @@ async fn wait_done(
     }
 }
 
+/// A turn with its latest log row, as `turn_owned.sql` returns it; the log columns are
+/// null while the turn has no log row.
+#[derive(Debug, sqlx::FromRow)]
+struct OwnedTurnRow {
+    session_id: String,
+    state: String,
+    reply: Option<String>,
+    error: Option<String>,
+    attempts: i32,
+    created: i64,
+    u_tokens: Option<i32>,
+    r_tokens: Option<i32>,
+    cold: Option<bool>,
+    digest_injected: Option<bool>,
+    tokens_in_kv: Option<i32>,
+    digest_version: Option<String>,
+}
+
 async fn respond(
     state: &AppState,
     id: TurnId,
     user: &str,
     model: Option<String>,
 ) -> Result<Response, ApiError> {
-    let row = sqlx::query(include_str!("../../sql/http/turn_owned.sql"))
+    let row = sqlx::query_as::<_, OwnedTurnRow>(include_str!("../../sql/http/turn_owned.sql"))
         .bind(id.0)
         .bind(user)
         .fetch_one(&state.pool)
         .await?;
-    let turn_state: String = row.try_get("state")?;
-    let error: Option<String> = row.try_get("error")?;
-    match turn_state.as_str() {
+    let error = row.error;
+    match row.state.as_str() {
         "failed" => {
             let mut e = ApiError::bad_request(error.unwrap_or_default());
             e.extra = json!({ "turn_id": id.0 });
@@ -184,7 +201,7 @@ async fn respond(
                 "server_error",
                 format!(
                     "turn failed after {} attempts: {}",
-                    row.try_get::<i32, _>("attempts")?,
+                    row.attempts,
                     error.unwrap_or_default()
                 ),
             );
@@ -193,27 +210,26 @@ async fn respond(
         }
         _ => {}
     }
-    let (u, r): (Option<i32>, Option<i32>) = (row.try_get("u_tokens")?, row.try_get("r_tokens")?);
-    let (u, r) = (u.unwrap_or(0), r.unwrap_or(0));
+    let (u, r) = (row.u_tokens.unwrap_or(0), row.r_tokens.unwrap_or(0));
     let body = json!({
         "id": format!("chatcmpl-{}", id.0),
         "object": "chat.completion",
-        "created": row.try_get::<i64, _>("created")?,
+        "created": row.created,
         "model": model.unwrap_or_else(|| "kvmem".into()),
         "system_fingerprint": format!("kvmem-{}", &state.model_sha[..state.model_sha.len().min(12)]),
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": row.try_get::<Option<String>, _>("reply")?.unwrap_or_default() },
+            "message": { "role": "assistant", "content": row.reply.unwrap_or_default() },
             "finish_reason": "stop",
         }],
         "usage": { "prompt_tokens": u, "completion_tokens": r, "total_tokens": u + r },
         "kvmem": {
             "turn_id": id.0,
-            "session_id": row.try_get::<String, _>("session_id")?,
-            "cold": row.try_get::<Option<bool>, _>("cold")?,
-            "digest_injected": row.try_get::<Option<bool>, _>("digest_injected")?,
-            "digest_version": row.try_get::<Option<String>, _>("digest_version")?,
-            "tokens_in_kv": row.try_get::<Option<i32>, _>("tokens_in_kv")?,
+            "session_id": row.session_id,
+            "cold": row.cold,
+            "digest_injected": row.digest_injected,
+            "digest_version": row.digest_version,
+            "tokens_in_kv": row.tokens_in_kv,
         },
     });
     Ok(Json(body).into_response())
