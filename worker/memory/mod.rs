@@ -305,6 +305,13 @@ async fn degrade(pool: &PgPool, reason: &str) {
     event(pool, "memory_embedder_unavailable", reason, None).await;
 }
 
+/// The text a remember, forget or memory-line job carries; a job without one is invalid.
+pub fn job_text<'a>(payload: &'a serde_json::Value, job: &str) -> Result<&'a str> {
+    payload["text"]
+        .as_str()
+        .ok_or_else(|| MemoryError::Invalid(format!("{job} job without text")))
+}
+
 /// Records a memory-layer failure in `events`. Best effort: the events table may not
 /// exist yet on a database the caller has not migrated.
 pub async fn event(pool: &PgPool, kind: &str, reason: &str, user: Option<&str>) {

@@ -13,7 +13,7 @@ use crate::memory::notes::todos;
 use crate::memory::notes::{about, lore};
 use crate::memory::search::{content_words, message_key, overlap};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use crate::memory::{embed, event, ExtractedFact, MemoryError, MemoryService, Result};
+use crate::memory::{embed, event, job_text, ExtractedFact, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;
@@ -257,9 +257,7 @@ async fn remember(
     scope: &Scope,
     payload: &serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let text = payload["text"]
-        .as_str()
-        .ok_or_else(|| MemoryError::Invalid("remember job without text".into()))?;
+    let text = job_text(payload, "remember")?;
     let kind = payload["kind"]
         .as_str()
         .map(Kind::parse)
@@ -293,9 +291,7 @@ async fn forget(
     scope: &Scope,
     payload: &serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let text = payload["text"]
-        .as_str()
-        .ok_or_else(|| MemoryError::Invalid("forget job without text".into()))?;
+    let text = job_text(payload, "forget")?;
     let matched: Vec<i64> = forget_matches(svc, scope, text)
         .await?
         .iter()

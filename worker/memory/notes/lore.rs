@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::memory::store::filters::{check_fact, Verdict};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use crate::memory::{event, MemoryError, MemoryService, Result};
+use crate::memory::{event, job_text, MemoryService, Result};
 
 /// Seed 002's confidence for a memory line.
 pub const LINE_CONFIDENCE: f32 = 0.72;
@@ -19,9 +19,7 @@ pub async fn remember_line(
     scope: &Scope,
     payload: &serde_json::Value,
 ) -> Result<serde_json::Value> {
-    let line = payload["text"]
-        .as_str()
-        .ok_or_else(|| MemoryError::Invalid("line job without text".into()))?;
+    let line = job_text(payload, "line")?;
     let message_id = payload["message_id"].as_str().unwrap_or_default();
     let source: Option<String> =
         sqlx::query_scalar(include_str!("../../../sql/memory/turn_exchange.sql"))
