@@ -3,7 +3,7 @@
 //! how it is laid back into an empty KV.
 
 use llama_cpp_2::token::LlamaToken;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use crate::engine::{Engine, EngineError, KvSession};
 use crate::snapshot::{parse_segments, SegKind};
@@ -17,34 +17,44 @@ pub struct Recorded {
     pub record: KvRecord,
 }
 
+/// A `session_kv` row as read, before its segment table is checked.
+#[derive(sqlx::FromRow)]
+struct KvRow {
+    user_id: String,
+    character_id: i64,
+    turn_id: i64,
+    model_sha: String,
+    token_ids: Vec<i32>,
+    segments: String,
+    digest_version: String,
+}
+
 /// The session's recorded KV dialogue. A row whose segment table does not tile its tokens
 /// is reported as an error string: the caller falls back to the text rebuild.
 pub async fn recorded(
     pool: &PgPool,
     session_id: &str,
 ) -> Result<Option<Result<Recorded, String>>, sqlx::Error> {
-    let Some(row) = sqlx::query(include_str!("../../sql/turn/session_kv.sql"))
+    let Some(row) = sqlx::query_as::<_, KvRow>(include_str!("../../sql/turn/session_kv.sql"))
         .bind(session_id)
         .fetch_optional(pool)
         .await?
     else {
         return Ok(None);
     };
-    let token_ids: Vec<i32> = row.try_get("token_ids")?;
-    let segments: String = row.try_get("segments")?;
-    let segments = match parse_segments(&segments, token_ids.len() as u32) {
+    let segments = match parse_segments(&row.segments, row.token_ids.len() as u32) {
         Ok(segments) => segments,
         Err(e) => return Ok(Some(Err(format!("recorded segments unreadable: {e}")))),
     };
     Ok(Some(Ok(Recorded {
-        user_id: row.try_get("user_id")?,
-        character_id: row.try_get("character_id")?,
-        turn_id: row.try_get("turn_id")?,
+        user_id: row.user_id,
+        character_id: row.character_id,
+        turn_id: row.turn_id,
         record: KvRecord {
-            model_sha: row.try_get("model_sha")?,
-            token_ids,
+            model_sha: row.model_sha,
+            token_ids: row.token_ids,
             segments,
-            digest_version: row.try_get("digest_version")?,
+            digest_version: row.digest_version,
         },
     })))
 }
@@ -69,29 +79,22 @@ pub fn decode_exact(session: &mut KvSession, record: &KvRecord) -> Result<(), En
 const HISTORY_EXCHANGES: i64 = 200;
 
 /// One exchange of the dialogue text, and the turn it came from (0 for a compaction's recap).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Exchange {
     pub turn_id: i64,
+    #[sqlx(rename = "user_text")]
     pub user: String,
+    #[sqlx(rename = "reply_text")]
     pub reply: String,
 }
 
 /// The session's recent exchanges, oldest first.
 pub async fn recent(pool: &PgPool, session_id: &str) -> Result<Vec<Exchange>, sqlx::Error> {
-    let rows = sqlx::query(include_str!("../../sql/turn/recent_history.sql"))
+    sqlx::query_as(include_str!("../../sql/turn/recent_history.sql"))
         .bind(session_id)
         .bind(HISTORY_EXCHANGES)
         .fetch_all(pool)
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Exchange {
-                turn_id: r.try_get("turn_id")?,
-                user: r.try_get("user_text")?,
-                reply: r.try_get("reply_text")?,
-            })
-        })
-        .collect()
+        .await
 }
 
 /// Re-reads the most recent exchanges that fit `budget` tokens in total (base included),

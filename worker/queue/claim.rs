@@ -1,9 +1,41 @@
 //! Claiming turns under a per-session lease, keeping the lease alive, and the checks the
 //! pipeline makes against it (is the lease still ours, which turn committed last).
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::{ClaimedTurn, Result, TurnId};
+
+/// A turn as `claim_lease.sql` returns it; the owner is not a column, so the row is
+/// turned into a [`ClaimedTurn`] here rather than decoded into one.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    id: i64,
+    session_id: String,
+    user_id: String,
+    character_id: i64,
+    message: String,
+    lane: String,
+    attempts: i32,
+    max_attempts: i32,
+    fencing_token: i64,
+}
+
+impl ClaimRow {
+    fn claimed(self, owner: &str) -> ClaimedTurn {
+        ClaimedTurn {
+            id: TurnId(self.id),
+            session_id: self.session_id,
+            user_id: self.user_id,
+            character_id: self.character_id,
+            message: self.message,
+            lane: self.lane,
+            attempt: self.attempts,
+            max_attempts: self.max_attempts,
+            fencing_token: self.fencing_token,
+            owner: owner.to_string(),
+        }
+    }
+}
 
 /// Claims the oldest runnable turn of any free session. `lanes` are tried in order, so
 /// an earlier lane (live) always wins over a later one (replay): replay never starves live.
@@ -54,8 +86,8 @@ pub async fn claim_preferring(
             break;
         }
         let query = match affinity {
-            None => sqlx::query(PLAIN),
-            Some(_) => sqlx::query(PREFERRING),
+            None => sqlx::query_as::<_, ClaimRow>(PLAIN),
+            Some(_) => sqlx::query_as::<_, ClaimRow>(PREFERRING),
         };
         let mut query = query
             .bind(owner)
@@ -72,20 +104,7 @@ pub async fn claim_preferring(
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => continue,
             Err(e) => return Err(e.into()),
         };
-        for row in rows {
-            claimed.push(ClaimedTurn {
-                id: TurnId(row.try_get("id")?),
-                session_id: row.try_get("session_id")?,
-                user_id: row.try_get("user_id")?,
-                character_id: row.try_get("character_id")?,
-                message: row.try_get("message")?,
-                lane: row.try_get("lane")?,
-                attempt: row.try_get("attempts")?,
-                max_attempts: row.try_get("max_attempts")?,
-                fencing_token: row.try_get("fencing_token")?,
-                owner: owner.to_string(),
-            });
-        }
+        claimed.extend(rows.into_iter().map(|row| row.claimed(owner)));
     }
     Ok(claimed)
 }

@@ -1,13 +1,19 @@
 //! Ending an attempt without a reply: a failure (retried with backoff, failed or dead)
 //! or a release on shutdown that does not count as an attempt.
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::{
     fence, insert_log_rows, notify_done, release_lease, ClaimedTurn, QueueError, QueueTiming,
     Result, TurnState,
 };
 use crate::turn::log::KvLog;
+
+/// The column of `fail.sql`'s row that `fail` needs: the state the turn moved to.
+#[derive(sqlx::FromRow)]
+struct Failed {
+    state: TurnState,
+}
 
 /// Records a failed attempt: back to the queue with backoff, or `failed`/`dead`.
 pub async fn fail(
@@ -21,7 +27,7 @@ pub async fn fail(
     // Scope: the failed attempt's state change, its log row and the lease release.
     let mut tx = pool.begin().await?;
     fence(&mut tx, turn).await?;
-    let row = sqlx::query(include_str!("../../sql/queue/fail.sql"))
+    let row: Option<Failed> = sqlx::query_as(include_str!("../../sql/queue/fail.sql"))
         .bind(turn.id.0)
         .bind(error)
         .bind(retryable)
@@ -32,7 +38,7 @@ pub async fn fail(
     let Some(row) = row else {
         return Err(QueueError::Fenced(turn.id));
     };
-    let state: TurnState = row.try_get("state")?;
+    let state = row.state;
     insert_log_rows(&mut tx, vec![log.row(turn)]).await?;
     release_lease(&mut tx, turn).await?;
     if state != TurnState::Queued {

@@ -1,6 +1,6 @@
 //! The reaper's statements: requeue turns whose lease expired, and trim old events.
 
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::{Result, TurnId, TurnState};
 
@@ -12,18 +12,28 @@ pub struct Reaped {
     pub state: TurnState,
 }
 
+/// An expired lease as `reap.sql` returns it.
+#[derive(sqlx::FromRow)]
+struct Expired {
+    session_id: String,
+    turn_id: i64,
+    fencing_token: i64,
+}
+
 /// Requeues (or kills) turns whose lease expired, and invalidates the old owners' tokens.
 pub async fn reap(pool: &PgPool) -> Result<Vec<Reaped>> {
     // Scope: the expired leases found here, their turns and their release, all at once.
     let mut tx = pool.begin().await?;
-    let expired = sqlx::query(include_str!("../../sql/queue/reap.sql"))
+    let expired: Vec<Expired> = sqlx::query_as(include_str!("../../sql/queue/reap.sql"))
         .fetch_all(&mut *tx)
         .await?;
     let mut reaped = Vec::new();
     for lease in expired {
-        let session_id: String = lease.try_get("session_id")?;
-        let turn_id: i64 = lease.try_get("turn_id")?;
-        let token: i64 = lease.try_get("fencing_token")?;
+        let Expired {
+            session_id,
+            turn_id,
+            fencing_token: token,
+        } = lease;
         let state: Option<TurnState> =
             sqlx::query_scalar(include_str!("../../sql/queue/reap_turn.sql"))
                 .bind(turn_id)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use chrono::Utc;
 use clap::{Args, Subcommand};
 use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::context_manager::{ContextManager, MemoryError};
 use super::{daily, jobs, SummaryError, SummaryService};
@@ -164,11 +164,38 @@ async fn work(pool: &PgPool, settings: &Settings) -> Result<()> {
     Ok(())
 }
 
+/// One character's row of `show.sql`.
+#[derive(sqlx::FromRow)]
+struct ShowRow {
+    character_id: i64,
+    state: Value,
+    rolling_summary: String,
+    rolling_versions: i64,
+    sessions: Option<Value>,
+    open_session: Option<Value>,
+}
+
+/// One line of `status.sql`: how many summary jobs of a kind are in a state.
+#[derive(sqlx::FromRow)]
+struct LaneRow {
+    kind: String,
+    state: String,
+    jobs: i64,
+}
+
+/// One event of `recent_failures.sql`.
+#[derive(sqlx::FromRow)]
+struct FailureRow {
+    kind: String,
+    detail: Value,
+    created_at: chrono::DateTime<Utc>,
+}
+
 /// The text `kvmem summary show` prints: this user's rows only, per character.
 pub async fn show(pool: &PgPool, user: &str, character: Option<i64>) -> Result<String> {
     check_user(user)?;
     let mut out = String::new();
-    let rows = sqlx::query(include_str!("../../sql/summary/show.sql"))
+    let rows: Vec<ShowRow> = sqlx::query_as(include_str!("../../sql/summary/show.sql"))
         .bind(user)
         .bind(character)
         .fetch_all(pool)
@@ -179,14 +206,15 @@ pub async fn show(pool: &PgPool, user: &str, character: Option<i64>) -> Result<S
     for r in &rows {
         show_character(&mut out, r);
     }
-    let spine = sqlx::query(include_str!("../../sql/summary/spine_current.sql"))
-        .bind(user)
-        .fetch_optional(pool)
-        .await?;
+    let spine: Option<(i32, String)> =
+        sqlx::query_as(include_str!("../../sql/summary/spine_current.sql"))
+            .bind(user)
+            .fetch_optional(pool)
+            .await?;
     match spine {
-        Some(s) => {
-            let version = s.get::<i32, _>("version");
-            let _ = writeln!(out, "spine v{version}:\n{}", s.get::<String, _>("content"));
+        // Decoded by position: `spine_current.sql` selects version, then content first.
+        Some((version, content)) => {
+            let _ = writeln!(out, "spine v{version}:\n{content}");
         }
         None => {
             let _ = writeln!(out, "spine: none yet");
@@ -195,20 +223,19 @@ pub async fn show(pool: &PgPool, user: &str, character: Option<i64>) -> Result<S
     Ok(out)
 }
 
-fn show_character(out: &mut String, r: &sqlx::postgres::PgRow) {
-    let _ = writeln!(out, "character {}:", r.get::<i64, _>("character_id"));
-    let _ = writeln!(out, "  state: {}", r.get::<Value, _>("state"));
+fn show_character(out: &mut String, r: &ShowRow) {
+    let _ = writeln!(out, "character {}:", r.character_id);
+    let _ = writeln!(out, "  state: {}", r.state);
     let _ = writeln!(
         out,
         "  rolling summary ({} versions): {}",
-        r.get::<i64, _>("rolling_versions"),
-        r.get::<String, _>("rolling_summary")
+        r.rolling_versions, r.rolling_summary
     );
-    if let Some(s) = r.get::<Option<Value>, _>("open_session") {
+    if let Some(s) = &r.open_session {
         let _ = writeln!(out, "  open session: {s}");
     }
-    let sessions = r.get::<Option<Value>, _>("sessions");
-    for s in sessions
+    for s in r
+        .sessions
         .as_ref()
         .and_then(Value::as_array)
         .into_iter()
@@ -221,33 +248,27 @@ fn show_character(out: &mut String, r: &sqlx::postgres::PgRow) {
 /// The summary lane's lines for `kvmem status`.
 pub async fn status_report(pool: &PgPool) -> Result<String, sqlx::Error> {
     let mut out = String::from("summary lane:\n");
-    let rows = sqlx::query(include_str!("../../sql/summary/status.sql"))
+    let rows: Vec<LaneRow> = sqlx::query_as(include_str!("../../sql/summary/status.sql"))
         .fetch_all(pool)
         .await?;
     if rows.is_empty() {
         out.push_str("  (no summary jobs)\n");
     }
     for r in &rows {
-        let _ = writeln!(
-            out,
-            "  {:<8} {:<8} {}",
-            r.get::<String, _>("kind"),
-            r.get::<String, _>("state"),
-            r.get::<i64, _>("jobs")
-        );
+        let _ = writeln!(out, "  {:<8} {:<8} {}", r.kind, r.state, r.jobs);
     }
-    let failures = sqlx::query(include_str!("../../sql/summary/recent_failures.sql"))
-        .bind(5_i64)
-        .fetch_all(pool)
-        .await?;
+    let failures: Vec<FailureRow> =
+        sqlx::query_as(include_str!("../../sql/summary/recent_failures.sql"))
+            .bind(5_i64)
+            .fetch_all(pool)
+            .await?;
     for r in &failures {
         let _ = writeln!(
             out,
             "  {} {}: {}",
-            r.get::<chrono::DateTime<Utc>, _>("created_at")
-                .format("%Y-%m-%d %H:%M:%S"),
-            r.get::<String, _>("kind"),
-            r.get::<Value, _>("detail")
+            r.created_at.format("%Y-%m-%d %H:%M:%S"),
+            r.kind,
+            r.detail
         );
     }
     Ok(out)

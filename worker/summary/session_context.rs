@@ -6,14 +6,17 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use super::{Result, SummaryError};
 
 /// One user and character's summaries, as a new session gets them.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct SessionContext {
+    /// Not columns of the read: the caller's own arguments, set after it.
+    #[sqlx(skip)]
     pub user_id: String,
+    #[sqlx(skip)]
     pub character_id: i64,
     pub rolling_summary: String,
     /// The newest valid session summary (seed 001's JSON) and the session it closed.
@@ -32,26 +35,18 @@ pub async fn load(pool: &PgPool, user: &str, character: i64) -> Result<SessionCo
     if user.trim().is_empty() {
         return Err(SummaryError::Invalid("user must not be blank".into()));
     }
-    let row = sqlx::query(include_str!("../../sql/summary/session_context.sql"))
-        .bind(user)
-        .bind(character)
-        .fetch_optional(pool)
-        .await?
-        .ok_or_else(|| {
-            SummaryError::NotFound(format!(
-                "no summaries for user {user} and character {character}"
-            ))
-        })?;
-    Ok(SessionContext {
-        user_id: user.to_string(),
-        character_id: character,
-        rolling_summary: row.try_get("rolling_summary")?,
-        latest_session_summary: row.try_get("latest_session_summary")?,
-        latest_session_id: row.try_get("latest_session_id")?,
-        latest_session_ended_at: row.try_get("latest_session_ended_at")?,
-        spine_version: row.try_get("spine_version")?,
-        spine: row.try_get("spine")?,
-        open_session_id: row.try_get("open_session_id")?,
-        open_session_started_at: row.try_get("open_session_started_at")?,
-    })
+    let mut ctx: SessionContext =
+        sqlx::query_as(include_str!("../../sql/summary/session_context.sql"))
+            .bind(user)
+            .bind(character)
+            .fetch_optional(pool)
+            .await?
+            .ok_or_else(|| {
+                SummaryError::NotFound(format!(
+                    "no summaries for user {user} and character {character}"
+                ))
+            })?;
+    ctx.user_id = user.to_string();
+    ctx.character_id = character;
+    Ok(ctx)
 }

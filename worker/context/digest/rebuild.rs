@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use crate::context::tokens::TokenCount;
 use crate::metrics::Metrics;
@@ -25,20 +25,46 @@ pub async fn build_for(
     max_tokens: usize,
     tok: &dyn TokenCount,
 ) -> Result<Built, sqlx::Error> {
-    let rows = sqlx::query(include_str!("../../../sql/digest/active_facts.sql"))
+    let rows: Vec<FactRow> = sqlx::query_as(include_str!("../../../sql/digest/active_facts.sql"))
         .bind(session_id)
         .fetch_all(pool)
         .await?;
-    let facts = rows.iter().map(fact_of).collect::<Result<Vec<_>, _>>()?;
+    let facts: Vec<Fact> = rows.into_iter().map(Fact::from).collect();
     Ok(build(&facts, Utc::now(), max_tokens, tok))
 }
 
-fn fact_of(row: &sqlx::postgres::PgRow) -> Result<Fact, sqlx::Error> {
-    Ok(Fact {
-        fact_type: row.try_get("type")?,
-        value: row.try_get("value")?,
-        expires_at: row.try_get("expires_at")?,
-    })
+/// A fact row as the digest queries return it; `Fact` itself stays free of sqlx.
+#[derive(sqlx::FromRow)]
+struct FactRow {
+    #[sqlx(rename = "type")]
+    fact_type: String,
+    value: String,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+impl From<FactRow> for Fact {
+    fn from(r: FactRow) -> Self {
+        Fact {
+            fact_type: r.fact_type,
+            value: r.value,
+            expires_at: r.expires_at,
+        }
+    }
+}
+
+/// A fact row of a several-session read, with the session it belongs to.
+#[derive(sqlx::FromRow)]
+struct SessionFactRow {
+    session_id: String,
+    #[sqlx(flatten)]
+    fact: FactRow,
+}
+
+/// The stored digest columns of `current.sql`.
+#[derive(sqlx::FromRow)]
+struct StoredRow {
+    digest_version: String,
+    digest_content: String,
 }
 
 /// Which of the sessions handed to [`rebuild_batch`] it rebuilds.
@@ -139,14 +165,17 @@ async fn finish(
         .bind(&sessions)
         .execute(&mut *tx)
         .await?;
-    let rows = sqlx::query(include_str!("../../../sql/digest/active_facts_of.sql"))
-        .bind(&sessions)
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows: Vec<SessionFactRow> =
+        sqlx::query_as(include_str!("../../../sql/digest/active_facts_of.sql"))
+            .bind(&sessions)
+            .fetch_all(&mut *tx)
+            .await?;
     let mut facts: HashMap<String, Vec<Fact>> = HashMap::new();
-    for row in &rows {
-        let sid: String = row.try_get("session_id")?;
-        facts.entry(sid).or_default().push(fact_of(row)?);
+    for row in rows {
+        facts
+            .entry(row.session_id)
+            .or_default()
+            .push(row.fact.into());
     }
     let now = Utc::now();
     let mut out: Vec<Rebuilt> = sessions
@@ -241,14 +270,14 @@ pub async fn current(
     tok: &dyn TokenCount,
     metrics: &Metrics,
 ) -> Result<Stored, sqlx::Error> {
-    let row = sqlx::query(include_str!("../../../sql/digest/current.sql"))
+    let row: Option<StoredRow> = sqlx::query_as(include_str!("../../../sql/digest/current.sql"))
         .bind(session_id)
         .fetch_optional(pool)
         .await?;
     if let Some(row) = row {
         return Ok(Stored {
-            version: row.try_get("digest_version")?,
-            content: row.try_get("digest_content")?,
+            version: row.digest_version,
+            content: row.digest_content,
         });
     }
     let (built, _) = rebuild(pool, session_id, max_tokens, tok, metrics).await?;

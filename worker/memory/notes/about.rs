@@ -6,7 +6,6 @@
 //! about the person are rewritten in the third person.
 
 use serde_json::json;
-use sqlx::Row;
 
 use crate::memory::notes::blob::{rebuild_blob, third_person};
 use crate::memory::search::content_words;
@@ -110,19 +109,17 @@ pub async fn remember_about(
         .ok_or_else(|| MemoryError::Invalid("remember_about job without a name".into()))?;
     let session = payload["session_id"].as_str().unwrap_or_default();
     let turn = payload["turn_id"].as_i64().unwrap_or(0);
-    let rows = sqlx::query(include_str!("../../../sql/memory/about_window.sql"))
-        .bind(&scope.user_id)
-        .bind(session)
-        .bind(turn)
-        .bind(WINDOW_MESSAGES)
-        .fetch_all(&svc.pool)
-        .await?;
+    let rows: Vec<(String, String)> =
+        sqlx::query_as(include_str!("../../../sql/memory/about_window.sql"))
+            .bind(&scope.user_id)
+            .bind(session)
+            .bind(turn)
+            .bind(WINDOW_MESSAGES)
+            .fetch_all(&svc.pool)
+            .await?;
     // Oldest first, so pronouns follow the sentence that named the person.
-    let (ids, texts): (Vec<String>, Vec<String>) = rows
-        .iter()
-        .rev()
-        .map(|r| (r.get::<String, _>("message_id"), r.get::<String, _>("text")))
-        .unzip();
+    // Decoded by position: `about_window.sql` selects message_id, then text.
+    let (ids, texts): (Vec<String>, Vec<String>) = rows.into_iter().rev().unzip();
     let said = sentences_about(name, &texts);
     if said.is_empty() {
         return Ok(json!({

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use crate::memory::store::filters::{check_fact, dedup_key, Verdict};
 use crate::memory::Result;
@@ -11,7 +11,7 @@ use crate::memory::Result;
 use super::{close_score, closings, detect};
 
 /// A stored todo.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, sqlx::FromRow)]
 pub struct Todo {
     pub id: i64,
     pub user_id: String,
@@ -116,29 +116,11 @@ async fn list_in(
     character: i64,
     open_only: bool,
 ) -> Result<Vec<Todo>> {
-    let rows = sqlx::query(include_str!("../../../../sql/memory/todos_list.sql"))
+    let rows = sqlx::query_as(include_str!("../../../../sql/memory/todos_list.sql"))
         .bind(user)
         .bind(character)
         .bind(open_only)
         .fetch_all(conn)
         .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Todo {
-                id: r.try_get("id")?,
-                user_id: r.try_get("user_id")?,
-                character_id: r.try_get("character_id")?,
-                kind: r.try_get("kind")?,
-                text: r.try_get("text")?,
-                status: r.try_get("status")?,
-                due_date: r.try_get("due_date")?,
-                source_message_ids: r.try_get("source_message_ids")?,
-                closed_by_message_id: r.try_get("closed_by_message_id")?,
-                closed_evidence: r.try_get("closed_evidence")?,
-                created_at: r.try_get("created_at")?,
-                closed_at: r.try_get("closed_at")?,
-            })
-        })
-        .collect::<std::result::Result<_, sqlx::Error>>()
-        .map_err(Into::into)
+    Ok(rows)
 }
