@@ -338,8 +338,17 @@ fn rankers_match_hand_computed_scores() {
     let sb = rank::seed002(&b, now);
     assert!((sb.score - 0.3125).abs() < 1e-9);
     assert!(!sb.passes_gate);
-    // hybrid: 0.5 * 1/(10+0+1) + 1/(10+2+1) = 0.0454545455 + 0.0769230769 = 0.1223776224
-    assert!((rank::hybrid(&a).score - 0.1223776224).abs() < 1e-9);
+    // hybrid without a span, BM25 or time: the cosine alone, 0.8.
+    assert!((rank::hybrid(&a).score - 0.8).abs() < 1e-9);
+    // With all four: 0.8 + 1.5*0.6 + 0.1*0.5 + 2 * 1/(10+1+1) = 0.8 + 0.9 + 0.05 + 0.1666666667
+    let full = Signals {
+        span: Some(0.6),
+        bm25: 0.5,
+        in_window: Some(true),
+        window_rank: Some(1),
+        ..a.clone()
+    };
+    assert!((rank::hybrid(&full).score - 1.9166666667).abs() < 1e-9);
     // Entity frequency: refs {a}, {a,b}, {c}: counts a=2, b=1, c=1 -> 2/2, 2/2, 1/2.
     let f = rank::entity_frequency(&[
         vec!["a".into()],
@@ -1083,7 +1092,7 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
     assert_eq!(h["session_id"], "a1");
     assert_eq!(h["at"], "2024-05-03T10:00:00Z");
     assert!(h["score"].as_f64().unwrap() > 0.0);
-    assert!(h["components"]["rrf_vector"].as_f64().is_some());
+    assert!(h["components"]["semantic"].as_f64().unwrap() > 0.0);
     assert!(h["text"].as_str().unwrap().contains("Porto"));
     let bad = common::kvmem_command(&url)
         .args([

@@ -2,7 +2,7 @@
 //! before kvmem ever ran a turn: idempotent by the caller's message id, embedded and
 //! committed in chunks, bad lines reported by number and never half-imported.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::io::BufRead;
 use std::path::Path;
 use std::time::Instant;
@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 
-use crate::memory::search::message_key;
+use crate::memory::search::{message_key, spans};
 use crate::memory::{MemoryError, MemoryService, Result};
 
 /// Lines per transaction (and per embedding call group).
@@ -142,6 +142,8 @@ pub struct ImportReport {
     pub embedded: usize,
     /// Existing messages that got their missing vector on this run.
     pub backfilled: usize,
+    /// Messages that got their span vector (the turn with the four before it).
+    pub spans_embedded: usize,
     pub queued_for_extraction: usize,
     pub semantic: bool,
     pub seconds: f64,
@@ -224,6 +226,11 @@ pub async fn import_file(
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
+    // Spans last: each needs the turns before it, which later chunks may have brought.
+    let users: BTreeSet<&str> = lines.iter().map(|l| l.user_id.as_str()).collect();
+    for user in users {
+        report.spans_embedded += spans::fill(svc, Some(user), None).await?;
+    }
     if mode == ExtractMode::Llm && !new_ids.is_empty() {
         let queued: Vec<Option<i64>> =
             sqlx::query_scalar(include_str!("../../../sql/memory/queue_ingest_many.sql"))
@@ -361,7 +368,8 @@ struct Unembedded {
     context: Option<String>,
 }
 
-/// Fills every missing message vector (`kvmem memory reindex`); returns how many.
+/// Fills every missing message vector and span vector (`kvmem memory reindex`); returns how
+/// many vectors it wrote.
 pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) -> Result<usize> {
     if svc.embedder.is_none() {
         return Err(MemoryError::Invalid(
@@ -408,6 +416,7 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
         bar.set_message(format!("{done} vectors"));
         bar.tick();
     }
+    done += spans::fill(svc, user, None).await?;
     bar.finish_and_clear();
     Ok(done)
 }

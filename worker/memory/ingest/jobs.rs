@@ -11,7 +11,7 @@ use crate::lane::{self, Claim, Job, Lane, Step};
 use crate::memory::notes::blob::rebuild_blob;
 use crate::memory::notes::todos;
 use crate::memory::notes::{about, lore};
-use crate::memory::search::{content_words, message_key, overlap};
+use crate::memory::search::{content_words, message_key, overlap, spans};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
 use crate::memory::{embed, event, job_text, ExtractedFact, MemoryError, MemoryService, Result};
 
@@ -195,6 +195,9 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     Ok(result)
 }
 
+/// Span vectors one ingest job fills at most.
+const SPANS_PER_JOB: usize = 32;
+
 /// Embeds the message with the one before it and stores the vector; says in `result`
 /// whether it did, or why not.
 async fn embed_message(
@@ -212,6 +215,11 @@ async fn embed_message(
             .execute(&svc.pool)
             .await?;
         result["embedded"] = json!(true);
+        // Its span: the turns before it are in, as the lane keeps each user's order. A
+        // few older messages without one go along (a history from before spans existed
+        // fills a little per job; `kvmem memory reindex` fills it at once).
+        let spans = spans::fill(svc, Some(&m.user_id), Some(SPANS_PER_JOB)).await?;
+        result["spans"] = json!(spans);
     } else if svc.embedder.is_none() {
         result["embed_skipped"] = json!("no embedder");
     }

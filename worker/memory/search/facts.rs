@@ -79,6 +79,11 @@ pub(super) async fn memory_hits(
             entity_freq: freq[i],
             in_window: None,
             window_rank: None,
+            // A fact is a statement complete in itself: it stands as its own span, and
+            // its share of the query's words stands for BM25's share.
+            span: if qvec.is_some() { sem[i] } else { None },
+            bm25: lex[i],
+            voice: None,
         };
         let scored = rank::score(req.ranker, &s, now);
         if req.strict && !scored.passes_gate {

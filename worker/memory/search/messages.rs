@@ -1,7 +1,7 @@
-//! The dialogue's candidates: the lexical, vector and time-window legs, fused by the
-//! request's ranker, then lifted.
+//! The dialogue's candidates: the lexical, vector, span, voice and time-window legs,
+//! scored by the request's ranker.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use pgvector::Vector;
@@ -9,11 +9,11 @@ use sqlx::PgPool;
 
 use super::super::{MemoryService, RankerKind, Result};
 use super::lexical::bm25_ids;
-use super::lifts::{prefer_named_speakers, with_neighbours};
 use super::rank::{self, Signals};
 use super::rows::{channel_score, fetch_messages, MsgRow};
+use super::spans::nearest_spans;
 use super::timeq::TimeWindow;
-use super::vector::{backfill, cosines, nearest_messages};
+use super::vector::{backfill, cosines, nearest_messages, search_exactly};
 use super::words::{content_words, names, overlap, substance, VAGUE};
 use super::{
     ranks, Hit, HitKind, SearchRequest, LEXICAL_CANDIDATES, VECTOR_CANDIDATES, WINDOW_CANDIDATES,
@@ -24,6 +24,12 @@ struct Legs {
     lexical: HashMap<i64, usize>,
     vector: HashMap<i64, usize>,
     window: HashMap<i64, usize>,
+    /// BM25 as a share of the query's best.
+    bm25: HashMap<i64, f64>,
+    /// The best span each message sits in.
+    spans: HashMap<i64, f64>,
+    /// The named speaker's turns: cosine with the question in their voice.
+    voice: HashMap<i64, f64>,
 }
 
 pub(super) async fn message_hits(
@@ -33,13 +39,26 @@ pub(super) async fn message_hits(
     window: Option<&TimeWindow>,
     qwords: &[String],
     qvec: Option<&[f32]>,
+    voice: Option<(&str, &[f32])>,
 ) -> Result<Vec<Hit>> {
     let pool = &svc.pool;
     let scope = &req.scope;
     let qv = qvec.map(|q| Vector::from(q.to_vec()));
-    let vector = match &qv {
-        Some(q) => nearest_messages(svc, req, q).await?,
-        None => Vec::new(),
+    let vv = voice.map(|(_, v)| Vector::from(v.to_vec()));
+    let (vector, spans, voiced) = match &qv {
+        Some(q) => {
+            let exact = search_exactly(svc, &scope.user_id).await?;
+            let voiced = match &vv {
+                Some(v) => nearest_messages(svc, req, v, exact).await?,
+                None => Vec::new(),
+            };
+            (
+                nearest_messages(svc, req, q, exact).await?,
+                nearest_spans(svc, req, q, exact).await?,
+                voiced,
+            )
+        }
+        None => (Vec::new(), HashMap::new(), Vec::new()),
     };
     let vector_ids: Vec<i64> = vector.iter().map(|x| x.0).collect();
     let lexical = bm25_ids(
@@ -59,9 +78,19 @@ pub(super) async fn message_hits(
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
     fill_cosines(pool, &scope.user_id, &lex_order, qv.as_ref(), &mut cos).await?;
     let vec_order: Vec<i64> = vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect();
+    let mut span_members: Vec<i64> = spans.keys().copied().collect();
+    span_members.sort_unstable();
+    fill_cosines(pool, &scope.user_id, &span_members, qv.as_ref(), &mut cos).await?;
+    let voiced_ids: Vec<i64> = voiced.iter().map(|x| x.0).collect();
     let mut ids: Vec<i64> = lex_order.clone();
-    for id in vec_order.iter().chain(window_list.iter()) {
-        if !ids.contains(id) {
+    let mut seen: HashSet<i64> = ids.iter().copied().collect();
+    for id in vec_order
+        .iter()
+        .chain(&window_list)
+        .chain(&span_members)
+        .chain(&voiced_ids)
+    {
+        if seen.insert(*id) {
             ids.push(*id);
         }
     }
@@ -73,17 +102,30 @@ pub(super) async fn message_hits(
     if let Some(q) = qvec {
         backfill(svc, q, &mut rows, &mut cos).await;
     }
+    let mut voice_cos: HashMap<i64, f64> = voiced.into_iter().collect();
+    if let Some((speaker, _)) = voice {
+        let theirs: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.speaker == speaker)
+            .map(|r| r.id)
+            .collect();
+        fill_cosines(pool, &scope.user_id, &theirs, vv.as_ref(), &mut voice_cos).await?;
+        voice_cos.retain(|id, _| theirs.contains(id));
+    }
+    let best_bm25 = lexical.iter().map(|x| x.1).fold(0.0, f64::max);
     let legs = Legs {
         lexical: ranks(&lex_order),
         vector: ranks(&vec_order),
         window: ranks(&window_list),
+        bm25: lexical
+            .iter()
+            .map(|&(id, s)| (id, if best_bm25 > 0.0 { s / best_bm25 } else { 0.0 }))
+            .collect(),
+        spans,
+        voice: voice_cos,
     };
     let semantic = qvec.is_some().then_some(&cos);
-    let mut scored = score_rows(req, now, window, qwords, semantic, &legs, rows);
-    if req.ranker == RankerKind::Hybrid {
-        prefer_named_speakers(pool, &scope.user_id, &req.query, &mut scored).await?;
-        with_neighbours(pool, req, &mut scored).await?;
-    }
+    let scored = score_rows(req, now, window, qwords, semantic, &legs, rows);
     Ok(scored
         .into_iter()
         .filter(|(row, _)| req.skip_speaker.as_deref() != Some(row.speaker.as_str()))
@@ -203,6 +245,9 @@ fn score_rows(
                 entity_freq: 0.0,
                 in_window: window.map(|w| w.contains(row.at)),
                 window_rank: legs.window.get(&row.id).copied(),
+                span: legs.spans.get(&row.id).copied(),
+                bm25: legs.bm25.get(&row.id).copied().unwrap_or(0.0),
+                voice: legs.voice.get(&row.id).copied(),
             };
             (row, s)
         })

@@ -1,23 +1,26 @@
 //! Retrieval over both the facts and the dialogue: lexical (BM25 over the user's own term
-//! statistics), semantic (MiniLM cosine over one user's vectors) and time windows from the
-//! query, fused by a named ranker, then lifted by who speaks, which session a topic lives
-//! in and the turns around the best hits, so a question can be answered from an extracted
-//! fact or from the exact turn that holds it, with provenance.
+//! statistics), semantic (MiniLM cosine over one user's message vectors, and over the
+//! vectors of each message's span of turns), the question in a named speaker's voice and
+//! time windows from the query, fused by a named ranker, so a question can be answered
+//! from an extracted fact or from the exact turn that holds it, with provenance.
 //!
 //! The room's files: `words` (the text rules every leg shares), `lexical` (BM25),
-//! `vector` (the nearest vectors, exact or through the index, and their backfill), `rows`
-//! (the candidate messages read back), `lifts` (speaker and neighbours), `messages` (the
-//! dialogue's legs fused) and `facts` (the extracted facts' scoring).
+//! `vector` (the nearest vectors, exact or through the index, and their backfill), `spans`
+//! (the span vectors: filled after import, searched and spread to their turns), `rows`
+//! (the candidate messages read back), `voice` (the question as its named speaker would
+//! ask it), `messages` (the dialogue's legs fused) and `facts` (the extracted facts'
+//! scoring).
 
 pub mod cards;
 mod facts;
 mod lexical;
-mod lifts;
 mod messages;
 pub mod rank;
 mod rows;
+pub mod spans;
 pub mod timeq;
 mod vector;
+mod voice;
 mod words;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,6 +35,7 @@ use super::{MemoryError, MemoryService, RankerKind, Result};
 use facts::memory_hits;
 use messages::message_hits;
 
+pub use voice::first_person;
 pub use words::{content_words, message_key, names, overlap, stem};
 
 // The search's statements run unprepared (`persistent(false)`): Postgres then plans each
@@ -134,17 +138,36 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
     let now = reference_time(pool, &req.scope, req.as_of).await?;
     let window = timeq::parse(&req.query, now);
     let qwords = content_words(&req.query);
+    let speaker = match req.ranker {
+        RankerKind::Hybrid => voice::named_speaker(pool, &req.scope.user_id, &req.query).await?,
+        _ => None,
+    };
     // The lexical-only ranker needs no query vector: skip the model call.
-    let qvec = if req.ranker == RankerKind::Lexical {
-        None
+    let (qvec, voiced) = if req.ranker == RankerKind::Lexical {
+        (None, None)
     } else {
-        match svc.embed(vec![req.query.clone()]).await {
-            Some(mut v) => v.pop(),
-            None => None,
+        let mut texts = vec![req.query.clone()];
+        texts.extend(speaker.iter().map(|s| first_person(&req.query, s)));
+        match svc.embed(texts).await {
+            Some(mut v) => {
+                let voiced = (v.len() == 2).then(|| v.pop()).flatten();
+                (v.pop(), speaker.zip(voiced))
+            }
+            None => (None, None),
         }
     };
+    let voice = voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice()));
 
-    let mut hits = message_hits(svc, req, now, window.as_ref(), &qwords, qvec.as_deref()).await?;
+    let mut hits = message_hits(
+        svc,
+        req,
+        now,
+        window.as_ref(),
+        &qwords,
+        qvec.as_deref(),
+        voice,
+    )
+    .await?;
     hits.extend(memory_hits(svc, req, now, &qwords, qvec.as_deref()).await?);
     hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
     let hits = dedupe(hits, req.limit);

@@ -22,14 +22,9 @@ pub(super) async fn nearest_messages(
     svc: &MemoryService,
     req: &SearchRequest,
     q: &Vector,
+    exact: bool,
 ) -> Result<Vec<(i64, f64)>> {
     let scope = &req.scope;
-    let size: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/user_messages.sql"))
-        .persistent(false)
-        .bind(&scope.user_id)
-        .fetch_one(&svc.pool)
-        .await?;
-    let exact = size <= svc.config.exact_search_max;
     let sql = if exact {
         include_str!("../../../sql/memory/search_messages_vectors_exact.sql")
     } else {
@@ -58,6 +53,17 @@ pub(super) async fn nearest_messages(
     // The iterative scan returns its rows in roughly, not strictly, nearest-first order.
     rows.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok(rows)
+}
+
+/// Whether the user's history is small enough to compare every vector (cheaper than the
+/// index at that size, and exact).
+pub(super) async fn search_exactly(svc: &MemoryService, user: &str) -> Result<bool> {
+    let size: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/user_messages.sql"))
+        .persistent(false)
+        .bind(user)
+        .fetch_one(&svc.pool)
+        .await?;
+    Ok(size <= svc.config.exact_search_max)
 }
 
 /// The query's cosine with messages another leg brought in.

@@ -1,0 +1,5 @@
+-- Stores span vectors (import, lane, reindex); one statement, autocommit.
+UPDATE memory_messages m
+   SET span_embedding = v.embedding
+  FROM unnest($1::bigint[], $2::vector[]) AS v(id, embedding)
+ WHERE m.id = v.id
