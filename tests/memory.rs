@@ -1349,3 +1349,148 @@ async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
         b.embedder.as_ref().unwrap()
     ));
 }
+
+/// Writes `lines` (speaker, text) as one session of `user` to a file and imports it.
+async fn import_session(
+    svc: &MemoryService,
+    user: &str,
+    lines: &[(&str, &str)],
+) -> import::ImportReport {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("session.jsonl");
+    let rows: Vec<String> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, (speaker, text))| {
+            serde_json::json!({"user_id": user, "session_id": format!("{user}-s1"),
+                "message_id": format!("{user}-{i}"), "speaker": speaker, "text": text,
+                "at": format!("2024-03-02T10:{i:02}:00Z")})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, rows.join("\n")).unwrap();
+    import::import_file(svc, &file, ExtractMode::None, true, false)
+        .await
+        .unwrap()
+}
+
+const POTTERY: &[(&str, &str)] = &[
+    ("Pri", "Morning! Did the plumber ever show up?"),
+    ("Dana", "He did, the sink is fixed. Finally."),
+    ("Pri", "How was the pottery class at Clayhouse on Saturday?"),
+    ("Dana", "Honestly amazing. Three bowls and a wonky mug."),
+    ("Pri", "Send pictures!!"),
+    ("Dana", "Later, I'm off to the gym."),
+    ("Pri", "My train is late again, the usual."),
+];
+
+/// The import gives every message its span vector (the message and the four before it in
+/// its session, oldest first), and a turn that shares no word with the question is found
+/// through the span that holds the question's topic.
+#[sqlx::test(migrations = false)]
+async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPool) {
+    let svc = service(&pool).await;
+    let report = import_session(&svc, "dana", POTTERY).await;
+    assert_eq!(report.spans_embedded, POTTERY.len());
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE span_embedding IS NULL"
+        )
+        .await,
+        0
+    );
+    // The span of the fifth turn ("Send pictures!!") is turns one to five, oldest first.
+    let text: Vec<String> = POTTERY[..5]
+        .iter()
+        .map(|(s, t)| format!("{s}: {t}"))
+        .collect();
+    let want = embedder().embed(&[text.join(" ")]).unwrap().remove(0);
+    let stored: pgvector::Vector = sqlx::query_scalar(
+        "SELECT span_embedding FROM memory_messages WHERE message_id = 'dana-4'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let cos: f32 = want.iter().zip(stored.as_slice()).map(|(a, b)| a * b).sum();
+    assert!(
+        cos > 0.9999,
+        "span vector differs from its text's: cosine {cos}"
+    );
+
+    let res = search::search(
+        &svc,
+        &req(
+            "dana",
+            "What did Dana make in the ceramics course?",
+            RankerKind::Hybrid,
+        ),
+    )
+    .await
+    .unwrap();
+    let answer = res
+        .hits
+        .iter()
+        .find(|h| h.id == "dana-3")
+        .expect("the answer turn");
+    assert!(answer.components["span"] > 0.0, "{answer:?}");
+    let plumber = res.hits.iter().find(|h| h.id == "dana-1");
+    assert!(
+        plumber.is_none_or(|p| p.score < answer.score),
+        "{:?}",
+        res.hits
+    );
+}
+
+/// A question that names one speaker scores that speaker's turns by the question in their
+/// own voice, and only theirs: the other speaker's turns carry no voice component.
+#[sqlx::test(migrations = false)]
+async fn the_named_speakers_turns_alone_are_scored_in_their_voice(pool: PgPool) {
+    let svc = service(&pool).await;
+    import_session(
+        &svc,
+        "dana",
+        &[
+            (
+                "Dana",
+                "I paid $350 for my wheel, secondhand from a retired teacher.",
+            ),
+            ("Pri", "Wheels cost a fortune, I bet Dana's was pricey."),
+            ("Dana", "Worth every cent though."),
+        ],
+    )
+    .await;
+    let res = search::search(
+        &svc,
+        &req(
+            "dana",
+            "How much did Dana's pottery wheel cost?",
+            RankerKind::Hybrid,
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.hits[0].id, "dana-0", "{:?}", res.hits);
+    for h in &res.hits {
+        let voiced = h.components.contains_key("voice");
+        assert_eq!(voiced, h.speaker.as_deref() == Some("Dana"), "{h:?}");
+    }
+    // Naming both speakers prefers neither.
+    let both = search::search(
+        &svc,
+        &req(
+            "dana",
+            "What did Pri and Dana say about the wheel?",
+            RankerKind::Hybrid,
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        both.hits
+            .iter()
+            .all(|h| !h.components.contains_key("voice")),
+        "{:?}",
+        both.hits
+    );
+}

@@ -45,21 +45,11 @@ pub(super) async fn message_hits(
     let scope = &req.scope;
     let qv = qvec.map(|q| Vector::from(q.to_vec()));
     let vv = voice.map(|(_, v)| Vector::from(v.to_vec()));
-    let (vector, spans, voiced) = match &qv {
-        Some(q) => {
-            let exact = search_exactly(svc, &scope.user_id).await?;
-            let voiced = match &vv {
-                Some(v) => nearest_messages(svc, req, v, exact).await?,
-                None => Vec::new(),
-            };
-            (
-                nearest_messages(svc, req, q, exact).await?,
-                nearest_spans(svc, req, q, exact).await?,
-                voiced,
-            )
-        }
-        None => (Vec::new(), HashMap::new(), Vec::new()),
-    };
+    let Dense {
+        vector,
+        spans,
+        voiced,
+    } = dense_legs(svc, req, qv.as_ref(), vv.as_ref()).await?;
     let vector_ids: Vec<i64> = vector.iter().map(|x| x.0).collect();
     let lexical = bm25_ids(
         pool,
@@ -82,18 +72,13 @@ pub(super) async fn message_hits(
     span_members.sort_unstable();
     fill_cosines(pool, &scope.user_id, &span_members, qv.as_ref(), &mut cos).await?;
     let voiced_ids: Vec<i64> = voiced.iter().map(|x| x.0).collect();
-    let mut ids: Vec<i64> = lex_order.clone();
-    let mut seen: HashSet<i64> = ids.iter().copied().collect();
-    for id in vec_order
-        .iter()
-        .chain(&window_list)
-        .chain(&span_members)
-        .chain(&voiced_ids)
-    {
-        if seen.insert(*id) {
-            ids.push(*id);
-        }
-    }
+    let ids = union(&[
+        &lex_order,
+        &vec_order,
+        &window_list,
+        &span_members,
+        &voiced_ids,
+    ]);
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -102,25 +87,17 @@ pub(super) async fn message_hits(
     if let Some(q) = qvec {
         backfill(svc, q, &mut rows, &mut cos).await;
     }
-    let mut voice_cos: HashMap<i64, f64> = voiced.into_iter().collect();
-    if let Some((speaker, _)) = voice {
-        let theirs: Vec<i64> = rows
-            .iter()
-            .filter(|r| r.speaker == speaker)
-            .map(|r| r.id)
-            .collect();
-        fill_cosines(pool, &scope.user_id, &theirs, vv.as_ref(), &mut voice_cos).await?;
-        voice_cos.retain(|id, _| theirs.contains(id));
-    }
-    let best_bm25 = lexical.iter().map(|x| x.1).fold(0.0, f64::max);
+    let voice_cos = match (voice, &vv) {
+        (Some((speaker, _)), Some(v)) => {
+            voice_cosines(pool, &scope.user_id, speaker, v, voiced, &rows).await?
+        }
+        _ => HashMap::new(),
+    };
     let legs = Legs {
         lexical: ranks(&lex_order),
         vector: ranks(&vec_order),
         window: ranks(&window_list),
-        bm25: lexical
-            .iter()
-            .map(|&(id, s)| (id, if best_bm25 > 0.0 { s / best_bm25 } else { 0.0 }))
-            .collect(),
+        bm25: shares(&lexical),
         spans,
         voice: voice_cos,
     };
@@ -129,19 +106,96 @@ pub(super) async fn message_hits(
     Ok(scored
         .into_iter()
         .filter(|(row, _)| req.skip_speaker.as_deref() != Some(row.speaker.as_str()))
-        .map(|(row, sc)| Hit {
-            kind: HitKind::Message,
-            id: row.message_id.clone(),
-            text: row.text,
-            score: sc.score,
-            components: sc.components,
-            source_message_ids: vec![row.message_id],
-            session_id: Some(row.session_id),
-            speaker: Some(row.speaker),
-            at: Some(row.at),
-            entity_refs: Vec::new(),
-        })
+        .map(|(row, sc)| to_hit(row, sc))
         .collect())
+}
+
+/// The lists' ids in order of first appearance, each once.
+fn union(lists: &[&[i64]]) -> Vec<i64> {
+    let mut seen: HashSet<i64> = HashSet::new();
+    lists
+        .iter()
+        .flat_map(|l| l.iter().copied())
+        .filter(|id| seen.insert(*id))
+        .collect()
+}
+
+fn to_hit(row: MsgRow, sc: rank::Scored) -> Hit {
+    Hit {
+        kind: HitKind::Message,
+        id: row.message_id.clone(),
+        text: row.text,
+        score: sc.score,
+        components: sc.components,
+        source_message_ids: vec![row.message_id],
+        session_id: Some(row.session_id),
+        speaker: Some(row.speaker),
+        at: Some(row.at),
+        entity_refs: Vec::new(),
+    }
+}
+
+/// Each BM25 score as a share of the list's best.
+fn shares(lexical: &[(i64, f64)]) -> HashMap<i64, f64> {
+    let best = lexical.iter().map(|x| x.1).fold(0.0, f64::max);
+    lexical
+        .iter()
+        .map(|&(id, s)| (id, if best > 0.0 { s / best } else { 0.0 }))
+        .collect()
+}
+
+/// What the vector legs found: the nearest messages, the turns inside the nearest spans,
+/// and the named speaker's nearest messages to the question in their voice.
+struct Dense {
+    vector: Vec<(i64, f64)>,
+    spans: HashMap<i64, f64>,
+    voiced: Vec<(i64, f64)>,
+}
+
+async fn dense_legs(
+    svc: &MemoryService,
+    req: &SearchRequest,
+    qv: Option<&Vector>,
+    vv: Option<&Vector>,
+) -> Result<Dense> {
+    let Some(q) = qv else {
+        return Ok(Dense {
+            vector: Vec::new(),
+            spans: HashMap::new(),
+            voiced: Vec::new(),
+        });
+    };
+    let exact = search_exactly(svc, &req.scope.user_id).await?;
+    let voiced = match vv {
+        Some(v) => nearest_messages(svc, req, v, exact).await?,
+        None => Vec::new(),
+    };
+    Ok(Dense {
+        vector: nearest_messages(svc, req, q, exact).await?,
+        spans: nearest_spans(svc, req, q, exact).await?,
+        voiced,
+    })
+}
+
+/// The voiced question's cosine with each of the named speaker's candidate turns (their
+/// turns only: the other speaker's words are not in that voice).
+async fn voice_cosines(
+    pool: &PgPool,
+    user: &str,
+    speaker: &str,
+    v: &Vector,
+    voiced: Vec<(i64, f64)>,
+    rows: &[MsgRow],
+) -> Result<HashMap<i64, f64>> {
+    let theirs: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.speaker == speaker)
+        .map(|r| r.id)
+        .collect();
+    let mut cos: HashMap<i64, f64> = voiced.into_iter().collect();
+    fill_cosines(pool, user, &theirs, Some(v), &mut cos).await?;
+    cos.retain(|id, _| theirs.contains(id));
+    Ok(cos)
 }
 
 /// The query's cosine for those of `ids` the vector list did not bring.
