@@ -131,18 +131,18 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
         ));
     }
     let pool = &svc.pool;
-    let now = reference_time(pool, &req.scope, req.as_of).await?;
+    // The query's vector is made while Postgres finds the reference time: the model runs on
+    // a blocking thread, so the round trip costs the search nothing.
+    let (now, qvec) = tokio::join!(reference_time(pool, &req.scope, req.as_of), async {
+        // The lexical-only ranker needs no query vector: skip the model call.
+        if req.ranker == RankerKind::Lexical {
+            return None;
+        }
+        svc.embed(vec![req.query.clone()]).await?.pop()
+    });
+    let now = now?;
     let window = timeq::parse(&req.query, now);
     let qwords = content_words(&req.query);
-    // The lexical-only ranker needs no query vector: skip the model call.
-    let qvec = if req.ranker == RankerKind::Lexical {
-        None
-    } else {
-        match svc.embed(vec![req.query.clone()]).await {
-            Some(mut v) => v.pop(),
-            None => None,
-        }
-    };
 
     let mut hits = message_hits(svc, req, now, window.as_ref(), &qwords, qvec.as_deref()).await?;
     hits.extend(memory_hits(svc, req, now, &qwords, qvec.as_deref()).await?);
