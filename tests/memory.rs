@@ -299,6 +299,32 @@ async fn keep_80_archives_oldest_and_never_pinned(pool: PgPool) {
     );
 }
 
+/// A search's query goes through the embedder's one-thread context, stored messages through
+/// the batch context on every thread: the query must land where the same text stored does.
+#[test]
+fn a_query_embeds_as_the_same_text_does_in_a_batch() {
+    let e = Embedder::load(&minilm(), 2).expect("load MiniLM");
+    let texts: Vec<String> = [
+        "where is the kayak",
+        "Ana said the guitar needs new strings before the concert",
+        "we took the train to the museum in May",
+    ]
+    .map(String::from)
+    .to_vec();
+    let batch = e.embed(&texts).unwrap();
+    assert_eq!(batch.len(), texts.len());
+    for (t, b) in texts.iter().zip(&batch) {
+        let one = e.embed(std::slice::from_ref(t)).unwrap().pop().unwrap();
+        assert_eq!(one.len(), b.len());
+        let worst = one
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{t}: differs by {worst}");
+    }
+}
+
 #[test]
 fn rankers_match_hand_computed_scores() {
     let now = at("2024-06-15T00:00:00Z");

@@ -6,7 +6,8 @@
 -- Which messages are scored: for a user with at most $10 messages, every one holding a
 -- query lexeme; for a larger user, those holding its rarest lexemes while their matches
 -- add up to at most $10 (a lexeme in thousands of messages weighs little and would make
--- the search read them all), and the vector leg's candidates $11.
+-- the search read them all), and the vector leg's candidates $11. The guild test is
+-- spelled out for the planner's estimate (see search_messages_vectors).
 WITH stats AS (
     SELECT docs::float8 AS n, positions::float8 / greatest(docs, 1) AS avgdl
       FROM memory_lexicon_users WHERE user_id = $1
@@ -33,7 +34,7 @@ WITH stats AS (
       JOIN cand_ids c ON c.id = m.id
      WHERE m.user_id = $1
        AND ($2::bigint IS NULL OR m.character_id = $2 OR m.character_id IS NULL)
-       AND m.guild_id IS NOT DISTINCT FROM $3
+       AND (m.guild_id = $3 OR (m.guild_id IS NULL AND $3::text IS NULL))
        AND ($4::timestamptz IS NULL OR m.at <= $4)
 )
 SELECT c.id,

@@ -7,7 +7,7 @@ WITH hits AS (
       FROM memory_messages
      WHERE user_id = $1
        AND ($2::bigint IS NULL OR character_id = $2 OR character_id IS NULL)
-       AND guild_id IS NOT DISTINCT FROM $3
+       AND (guild_id = $3 OR (guild_id IS NULL AND $3::text IS NULL))
        AND ($4::timestamptz IS NULL OR at <= $4)
        AND span_embedding IS NOT NULL
      ORDER BY span_embedding <=> $5::vector

@@ -20,6 +20,11 @@ use llama_cpp_2::token::LlamaToken;
 const BATCH_TOKENS: usize = 512;
 /// Sequences per encode call.
 const BATCH_SEQS: usize = 32;
+/// Threads of the single-text context. A short query is a few milliseconds of work, and
+/// llama.cpp's threads wait on each other by spinning: two threads on two busy cores took
+/// 16 / 719 ms p50 / p95 for one query where one thread took 9 / 15 ms, side by side in one
+/// run (issue 33).
+const QUERY_THREADS: i32 = 1;
 /// MiniLM was trained on 128 word pieces and knows 512 positions; longer text is cut.
 const MAX_TOKENS: usize = 256;
 
@@ -33,11 +38,13 @@ pub enum EmbedError {
 
 pub type Result<T, E = EmbedError> = std::result::Result<T, E>;
 
-/// A loaded embedding model and one reusable context (not thread-safe in llama.cpp, so
-/// calls take turns on a mutex).
+/// A loaded embedding model and two reusable contexts (not thread-safe in llama.cpp, so
+/// calls take turns on a mutex): one for batches, on every thread, and one for a single
+/// text (a search's query), on one thread.
 pub struct Embedder {
     model: &'static LlamaModel,
     ctx: Mutex<LlamaContext<'static>>,
+    query: Mutex<LlamaContext<'static>>,
     pub dims: usize,
     /// `file-name` of the model: stored with each vector so a model change is visible.
     pub name: String,
@@ -95,19 +102,23 @@ impl Embedder {
             .map_err(|e| err(format!("llama.cpp could not load it: {e}")))?;
         // Loaded once per process, like the chat model.
         let model: &'static LlamaModel = Box::leak(Box::new(model));
-        let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(BATCH_TOKENS as u32))
-            .with_n_batch(BATCH_TOKENS as u32)
-            .with_n_ubatch(BATCH_TOKENS as u32)
-            .with_n_seq_max(BATCH_SEQS as u32)
-            .with_kv_unified(true)
-            .with_n_threads(n_threads)
-            .with_n_threads_batch(n_threads)
-            .with_embeddings(true)
-            .with_pooling_type(LlamaPoolingType::Mean);
-        let ctx = model
-            .new_context(backend, params)
-            .map_err(|e| err(format!("context: {e}")))?;
+        let context = |tokens: usize, seqs: usize, threads: i32| {
+            let params = LlamaContextParams::default()
+                .with_n_ctx(NonZeroU32::new(tokens as u32))
+                .with_n_batch(tokens as u32)
+                .with_n_ubatch(tokens as u32)
+                .with_n_seq_max(seqs as u32)
+                .with_kv_unified(true)
+                .with_n_threads(threads)
+                .with_n_threads_batch(threads)
+                .with_embeddings(true)
+                .with_pooling_type(LlamaPoolingType::Mean);
+            model
+                .new_context(backend, params)
+                .map_err(|e| err(format!("context: {e}")))
+        };
+        let ctx = context(BATCH_TOKENS, BATCH_SEQS, n_threads)?;
+        let query = context(MAX_TOKENS, 1, QUERY_THREADS)?;
         let dims = model.n_embd() as usize;
         let name = path
             .file_name()
@@ -116,6 +127,7 @@ impl Embedder {
         Ok(Embedder {
             model,
             ctx: Mutex::new(ctx),
+            query: Mutex::new(query),
             dims,
             name,
         })
@@ -135,44 +147,55 @@ impl Embedder {
     }
 
     /// L2-normalised vectors, one per text, in order. Several texts share each encode
-    /// call: per-call overhead dominates for short chat messages.
+    /// call: per-call overhead dominates for short chat messages. A single text (a
+    /// search's query) goes to the one-thread context: the same vector (the probe of
+    /// issue 33 compared them bit for bit), without waiting on a batch in progress.
     pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
         let toks: Vec<Vec<LlamaToken>> = texts.iter().map(|t| self.tokens(t)).collect();
-        let mut out = Vec::with_capacity(texts.len());
-        let mut ctx = self
-            .ctx
-            .lock()
-            .map_err(|_| EmbedError::Llama("embedder poisoned by an earlier panic".into()))?;
-        let mut start = 0;
-        while start < toks.len() {
-            let mut end = start;
-            let mut n = 0;
-            while end < toks.len()
-                && end - start < BATCH_SEQS
-                && n + toks[end].len() <= BATCH_TOKENS
-            {
-                n += toks[end].len();
-                end += 1;
-            }
-            let mut batch = LlamaBatch::new(BATCH_TOKENS, BATCH_SEQS as i32);
-            for (seq, t) in toks[start..end].iter().enumerate() {
-                batch
-                    .add_sequence(t, seq as i32, true)
-                    .map_err(|e| EmbedError::Llama(e.to_string()))?;
-            }
-            ctx.clear_kv_cache();
-            ctx.encode(&mut batch)
-                .map_err(|e| EmbedError::Llama(format!("encode: {e}")))?;
-            for seq in 0..(end - start) {
-                let v = ctx
-                    .embeddings_seq_ith(seq as i32)
-                    .map_err(|e| EmbedError::Llama(format!("embeddings: {e}")))?;
-                out.push(normalise(v));
-            }
-            start = end;
+        let poisoned = |_| EmbedError::Llama("embedder poisoned by an earlier panic".into());
+        if let [one] = toks.as_slice() {
+            let mut ctx = self.query.lock().map_err(poisoned)?;
+            return encode(&mut ctx, std::slice::from_ref(one), MAX_TOKENS, 1);
         }
-        Ok(out)
+        let mut ctx = self.ctx.lock().map_err(poisoned)?;
+        encode(&mut ctx, &toks, BATCH_TOKENS, BATCH_SEQS)
     }
+}
+
+/// Encodes `toks` in calls of at most `seqs` sequences and `tokens` tokens each.
+fn encode(
+    ctx: &mut LlamaContext<'static>,
+    toks: &[Vec<LlamaToken>],
+    tokens: usize,
+    seqs: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(toks.len());
+    let mut start = 0;
+    while start < toks.len() {
+        let mut end = start;
+        let mut n = 0;
+        while end < toks.len() && end - start < seqs && n + toks[end].len() <= tokens {
+            n += toks[end].len();
+            end += 1;
+        }
+        let mut batch = LlamaBatch::new(tokens, seqs as i32);
+        for (seq, t) in toks[start..end].iter().enumerate() {
+            batch
+                .add_sequence(t, seq as i32, true)
+                .map_err(|e| EmbedError::Llama(e.to_string()))?;
+        }
+        ctx.clear_kv_cache();
+        ctx.encode(&mut batch)
+            .map_err(|e| EmbedError::Llama(format!("encode: {e}")))?;
+        for seq in 0..(end - start) {
+            let v = ctx
+                .embeddings_seq_ith(seq as i32)
+                .map_err(|e| EmbedError::Llama(format!("embeddings: {e}")))?;
+            out.push(normalise(v));
+        }
+        start = end;
+    }
+    Ok(out)
 }
 
 pub fn normalise(v: &[f32]) -> Vec<f32> {

@@ -135,26 +135,39 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
         ));
     }
     let pool = &svc.pool;
-    let now = reference_time(pool, &req.scope, req.as_of).await?;
+    // The query's vector is made while Postgres finds the reference time and the speaker
+    // the question names: the model runs on a blocking thread, so the round trips cost
+    // the search nothing.
+    let (now, qvec, speaker) = tokio::join!(
+        reference_time(pool, &req.scope, req.as_of),
+        async {
+            // The lexical-only ranker needs no query vector: skip the model call.
+            if req.ranker == RankerKind::Lexical {
+                return None;
+            }
+            svc.embed(vec![req.query.clone()]).await?.pop()
+        },
+        async {
+            match req.ranker {
+                RankerKind::Hybrid => {
+                    voice::named_speaker(pool, &req.scope.user_id, &req.query).await
+                }
+                _ => Ok(None),
+            }
+        }
+    );
+    let now = now?;
     let window = timeq::parse(&req.query, now);
     let qwords = content_words(&req.query);
-    let speaker = match req.ranker {
-        RankerKind::Hybrid => voice::named_speaker(pool, &req.scope.user_id, &req.query).await?,
-        _ => None,
-    };
-    // The lexical-only ranker needs no query vector: skip the model call.
-    let (qvec, voiced) = if req.ranker == RankerKind::Lexical {
-        (None, None)
-    } else {
-        let mut texts = vec![req.query.clone()];
-        texts.extend(speaker.iter().map(|s| first_person(&req.query, s)));
-        match svc.embed(texts).await {
-            Some(mut v) => {
-                let voiced = (v.len() == 2).then(|| v.pop()).flatten();
-                (v.pop(), speaker.zip(voiced))
-            }
-            None => (None, None),
+    let voiced = match (speaker?, &qvec) {
+        (Some(s), Some(_)) => {
+            let text = first_person(&req.query, &s);
+            svc.embed(vec![text])
+                .await
+                .and_then(|mut v| v.pop())
+                .map(|v| (s, v))
         }
+        _ => None,
     };
     let voice = voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice()));
 
