@@ -170,9 +170,14 @@ async fn dense_legs(
         Some(v) => nearest_messages(svc, req, v, exact).await?,
         None => Vec::new(),
     };
+    // Only the hybrid ranker reads spans; the others score the message vectors alone.
+    let spans = match req.ranker {
+        RankerKind::Hybrid => nearest_spans(svc, req, q, exact).await?,
+        _ => HashMap::new(),
+    };
     Ok(Dense {
         vector: nearest_messages(svc, req, q, exact).await?,
-        spans: nearest_spans(svc, req, q, exact).await?,
+        spans,
         voiced,
     })
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use pgvector::Vector;
 
 use super::super::{MemoryError, MemoryService, Result};
-use super::vector::EF_SEARCH;
+use super::vector::nearest;
 use super::SearchRequest;
 
 /// Spans read per search; each spreads to up to five messages. On the tune half the top
@@ -74,31 +74,11 @@ pub(super) async fn nearest_spans(
     q: &Vector,
     exact: bool,
 ) -> Result<HashMap<i64, f64>> {
-    let scope = &req.scope;
     let sql = if exact {
         include_str!("../../../sql/memory/search_spans_exact.sql")
     } else {
         include_str!("../../../sql/memory/search_spans_index.sql")
     };
-    // The index settings are transaction-local: a pooled connection goes back unchanged.
-    let mut tx = svc.pool.begin().await?;
-    if !exact {
-        sqlx::query(include_str!("../../../sql/memory/hnsw_settings.sql"))
-            .persistent(false)
-            .bind(EF_SEARCH.to_string())
-            .execute(&mut *tx)
-            .await?;
-    }
-    let rows: Vec<(i64, f64)> = sqlx::query_as(sql)
-        .persistent(false)
-        .bind(&scope.user_id)
-        .bind(scope.character_id)
-        .bind(&scope.guild_id)
-        .bind(req.as_of)
-        .bind(q)
-        .bind(SPAN_CANDIDATES)
-        .fetch_all(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    let rows = nearest(svc, req, q, sql, exact, SPAN_CANDIDATES).await?;
     Ok(rows.into_iter().collect())
 }

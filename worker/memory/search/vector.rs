@@ -24,12 +24,28 @@ pub(super) async fn nearest_messages(
     q: &Vector,
     exact: bool,
 ) -> Result<Vec<(i64, f64)>> {
-    let scope = &req.scope;
     let sql = if exact {
         include_str!("../../../sql/memory/search_messages_vectors_exact.sql")
     } else {
         include_str!("../../../sql/memory/search_messages_vectors.sql")
     };
+    let mut rows = nearest(svc, req, q, sql, exact, VECTOR_CANDIDATES as i64).await?;
+    // The iterative scan returns its rows in roughly, not strictly, nearest-first order.
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    Ok(rows)
+}
+
+/// Runs one of the nearest-vector statements (exact, or through an HNSW index under the
+/// index settings): every one takes the scope, the query vector and a row count alike.
+pub(super) async fn nearest(
+    svc: &MemoryService,
+    req: &SearchRequest,
+    q: &Vector,
+    sql: &'static str,
+    exact: bool,
+    limit: i64,
+) -> Result<Vec<(i64, f64)>> {
+    let scope = &req.scope;
     // The index settings are transaction-local: a pooled connection goes back unchanged.
     let mut tx = svc.pool.begin().await?;
     if !exact {
@@ -39,19 +55,17 @@ pub(super) async fn nearest_messages(
             .execute(&mut *tx)
             .await?;
     }
-    let mut rows: Vec<(i64, f64)> = sqlx::query_as(sql)
+    let rows: Vec<(i64, f64)> = sqlx::query_as(sql)
         .persistent(false)
         .bind(&scope.user_id)
         .bind(scope.character_id)
         .bind(&scope.guild_id)
         .bind(req.as_of)
         .bind(q)
-        .bind(VECTOR_CANDIDATES as i64)
+        .bind(limit)
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
-    // The iterative scan returns its rows in roughly, not strictly, nearest-first order.
-    rows.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     Ok(rows)
 }
 
