@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use kvmem::engine::Engine;
 use kvmem::memory::ingest::extract::{
-    slug, Extraction, Extractor, LINES_GRAMMAR, MAX_BLOB_CHARS, MAX_FACTS,
+    postprocess, slug, Extraction, Extractor, LINES_GRAMMAR, MAX_BLOB_CHARS, MAX_FACTS,
 };
 use kvmem::memory::store::filters::{is_text_grounded_in_source, screen, RejectCounts};
 use serde::Deserialize;
@@ -312,6 +312,9 @@ struct Tally {
     truncated: u32,
     character_lines: usize,
     rejected: RejectCounts,
+    /// Kept facts the message's own clauses give without the model, and how many are right.
+    kept_rules: u32,
+    kept_rules_ok: u32,
 }
 
 /// The labelled-set benchmark: messages per second through the extractor (skip rule
@@ -342,38 +345,74 @@ fn bench_extraction_on_labelled_sample() {
         ex.max_tokens = n.parse().expect("KVMEM_EXTRACT_MAX_TOKENS is a number");
     }
     println!("{path} half {half:?}: {} messages", sample.len());
+    // KVMEM_EXTRACT_BATCH=N: N user messages in a row per model call (the lane's batch).
+    let batch: usize = std::env::var("KVMEM_EXTRACT_BATCH")
+        .map(|n| n.parse().expect("KVMEM_EXTRACT_BATCH is a number"))
+        .unwrap_or(1)
+        .max(1);
     let mut ctx = ex.new_context().expect("context");
     let mut t = Tally::default();
     let started = std::time::Instant::now();
-    for m in &sample {
-        t.messages += 1;
-        if m.role.as_deref() == Some("character") {
-            // The lane's rule (memory/jobs.rs): the character's words are not the user's.
-            t.character_lines += 1;
-            continue;
-        }
-        let out = ex.extract(&mut ctx, &m.speaker, &m.text).expect("extract");
-        let mut line = Vec::new();
-        for f in &out.facts {
-            let good = m.expected.iter().any(|e| matches(&f.text, e));
-            t.kept += 1;
-            t.kept_ok += good as u32;
-            line.push(format!("{}{}", if good { "+ " } else { "- " }, f.text));
-        }
-        t.labels += m.expected.len();
-        t.found += m
-            .expected
+    // The lane's rule (ingest/jobs.rs): the character's words are not the user's.
+    t.messages = sample.len();
+    t.character_lines = sample
+        .iter()
+        .filter(|m| m.role.as_deref() == Some("character"))
+        .count();
+    let users: Vec<&Labelled> = sample
+        .iter()
+        .filter(|m| m.role.as_deref() != Some("character"))
+        .collect();
+    for group in users.chunks(batch) {
+        let asked: Vec<(&str, &str)> = group
             .iter()
-            .filter(|e| out.facts.iter().any(|f| matches(&f.text, e)))
-            .count();
-        t.truncated += out.truncated as u32;
-        t.rejected.add(&out.rejected);
-        println!(
-            "#{:>3} {}: {}\n      skipped {:?} | raw {:?} | kept {:?} | rejected {:?}",
-            m.id, m.speaker, m.text, out.skipped, out.raw, line, out.rejected
-        );
+            .map(|m| (m.speaker.as_str(), m.text.as_str()))
+            .collect();
+        let outs = if batch == 1 {
+            vec![ex
+                .extract(&mut ctx, asked[0].0, asked[0].1)
+                .expect("extract")]
+        } else {
+            ex.extract_batch(&mut ctx, &asked).expect("extract")
+        };
+        for (m, out) in group.iter().zip(&outs) {
+            tally(&mut t, m, out);
+        }
     }
     report(&t, started.elapsed().as_secs_f64());
+}
+
+fn tally(t: &mut Tally, m: &Labelled, out: &Extraction) {
+    // The same filters over the rule lines alone: which kept facts needed no model.
+    let by_rules: Vec<String> = postprocess(&out.rule_lines.join("\n"), &m.speaker, &m.text, false)
+        .facts
+        .into_iter()
+        .map(|f| f.text)
+        .collect();
+    let mut line = Vec::new();
+    for f in &out.facts {
+        let good = m.expected.iter().any(|e| matches(&f.text, e));
+        let rule = by_rules.contains(&f.text);
+        t.kept += 1;
+        t.kept_ok += good as u32;
+        t.kept_rules += rule as u32;
+        t.kept_rules_ok += (rule && good) as u32;
+        let mark = if good { "+" } else { "-" };
+        let origin = if rule { "r" } else { "m" };
+        line.push(format!("{mark}{origin} {}", f.text));
+    }
+    t.labels += m.expected.len();
+    t.found += m
+        .expected
+        .iter()
+        .filter(|e| out.facts.iter().any(|f| matches(&f.text, e)))
+        .count();
+    t.truncated += out.truncated as u32;
+    t.rejected.add(&out.rejected);
+    println!(
+        "#{:>3} {}: {}\n      skipped {:?} | raw {:?} | kept {:?} | rejected {:?}",
+        m.id, m.speaker, m.text, out.skipped, out.raw, line, out.rejected
+    );
 }
 
 fn report(t: &Tally, secs: f64) {
@@ -397,6 +436,13 @@ fn report(t: &Tally, secs: f64) {
         t.kept,
         t.kept_ok,
         pct(t.kept_ok as usize, t.kept as usize)
+    );
+    println!(
+        "of the stored: {} from the message's own clauses ({} correct), {} from the model only ({} correct)",
+        t.kept_rules,
+        t.kept_rules_ok,
+        t.kept - t.kept_rules,
+        t.kept_ok - t.kept_rules_ok
     );
     println!(
         "labelled facts {}, found {}: recall {:.1}%",

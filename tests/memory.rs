@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::minilm;
+
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -15,21 +17,6 @@ use kvmem::memory::search::{self, cards, HitKind, SearchRequest};
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upserted};
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
-
-fn minilm() -> PathBuf {
-    let p = std::env::var_os("KVMEM_TEST_MINILM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-            PathBuf::from(home).join(".cache/kvmem/models/all-MiniLM-L6-v2.f16.gguf")
-        });
-    assert!(
-        p.exists(),
-        "the MiniLM GGUF is missing at {} (set KVMEM_TEST_MINILM or run ops/fetch-embedder)",
-        p.display()
-    );
-    p
-}
 
 /// One embedder for the whole test binary: loading it per test would only cost time.
 fn embedder() -> Arc<Embedder> {

@@ -129,6 +129,11 @@ fn model_path(var: &str, file: &str) -> PathBuf {
     p
 }
 
+/// MiniLM-L6-v2 as GGUF, made by ops/fetch-embedder.
+pub fn minilm() -> PathBuf {
+    model_path("KVMEM_TEST_MINILM", "all-MiniLM-L6-v2.f16.gguf")
+}
+
 /// The tiny random-weight llama made by ops/make-tiny-model.
 pub fn tiny_model() -> PathBuf {
     model_path("KVMEM_TEST_TINY", "tiny-random-llama.gguf")

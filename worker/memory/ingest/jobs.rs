@@ -180,7 +180,14 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
         result["extract_skipped"] = json!(why);
         return Ok(result);
     }
-    let (sp, tx) = (m.speaker.clone(), cleaned.clone());
+    // A turn files the user's words under the role "user"; facts name their subject, so
+    // the user is "User" ("User teaches chemistry"), which the subject rule accepts only
+    // as the speaker.
+    let sp = match m.speaker.as_str() {
+        "user" => "User".to_string(),
+        s => s.to_string(),
+    };
+    let tx = cleaned.clone();
     let asked = tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await;
     let facts = match asked.map_err(|e| e.to_string()).and_then(|r| r) {
         Ok(f) => f,

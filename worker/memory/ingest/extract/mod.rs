@@ -134,12 +134,7 @@ impl Extractor {
         speaker: &str,
         text: &str,
     ) -> Result<Extraction, GenerateError> {
-        if let Some(why) = skip_reason(text) {
-            let mut ex = Extraction {
-                skipped: Some(why),
-                ..Extraction::default()
-            };
-            ex.rejected.skipped = 1;
+        if let Some(ex) = skipped(text) {
             return Ok(ex);
         }
         let user = format!("{speaker}: {}", clean_text(text));
@@ -157,6 +152,73 @@ impl Extractor {
         ex.raw = raw;
         ex.rule_lines = rule_lines;
         Ok(ex)
+    }
+
+    /// Several messages in one model call: each meets the skip rule alone, the others go
+    /// to the model as one transcript (the instruction's KV stays warm, and one answer's
+    /// frame serves them all), and each of the model's lines belongs to the first message
+    /// whose filters keep it. One outcome per message, in order; a line no message keeps
+    /// is counted against the first message the model saw.
+    pub fn extract_batch(
+        &self,
+        ctx: &mut WarmContext,
+        messages: &[(&str, &str)],
+    ) -> Result<Vec<Extraction>, GenerateError> {
+        let mut out: Vec<Extraction> = messages
+            .iter()
+            .map(|(_, text)| skipped(text).unwrap_or_default())
+            .collect();
+        let live: Vec<usize> = (0..messages.len())
+            .filter(|&i| out[i].skipped.is_none())
+            .collect();
+        if let [only] = live[..] {
+            let (speaker, text) = messages[only];
+            out[only] = self.extract(ctx, speaker, text)?;
+        }
+        if live.len() < 2 {
+            return Ok(out);
+        }
+        let user: Vec<String> = live
+            .iter()
+            .map(|&i| format!("{}: {}", messages[i].0, clean_text(messages[i].1)))
+            .collect();
+        let ask = Ask {
+            system: LINES_SYSTEM,
+            user: &user.join("\n"),
+            grammar: Some(BATCH_GRAMMAR),
+            max_tokens: self.max_tokens * live.len().min(2) as u32,
+        };
+        let (raw, truncated) = self.generate(ctx, &ask)?;
+        let mut theirs: Vec<Vec<String>> = vec![Vec::new(); messages.len()];
+        let mut stray = Extraction::default();
+        for line in raw.lines() {
+            let owner = live.iter().copied().find(|&i| {
+                let (speaker, text) = messages[i];
+                !postprocess(line, speaker, text, false).facts.is_empty()
+            });
+            match owner {
+                Some(i) => theirs[i].push(line.to_string()),
+                None => {
+                    let (speaker, text) = messages[live[0]];
+                    stray
+                        .rejected
+                        .add(&postprocess(line, speaker, text, false).rejected);
+                }
+            }
+        }
+        for (n, &i) in live.iter().enumerate() {
+            let (speaker, text) = messages[i];
+            let rule_lines = lines::clause_lines(speaker, text);
+            let all: Vec<String> = rule_lines.iter().chain(&theirs[i]).cloned().collect();
+            let mut ex = postprocess(&all.join("\n"), speaker, text, truncated);
+            if n == 0 {
+                ex.rejected.add(&stray.rejected);
+            }
+            ex.raw = raw.clone();
+            ex.rule_lines = rule_lines;
+            out[i] = ex;
+        }
+        Ok(out)
     }
 
     /// Seed 004's remember: merges `fact` into the third-person `blob` about `subject`
@@ -223,6 +285,23 @@ impl Extractor {
         generate_warm(&self.engine, ctx, ask, BACKGROUND_PREFILL_CHUNK, &mut wait)
     }
 }
+
+/// The outcome for a message the skip rule turns away, counted.
+fn skipped(text: &str) -> Option<Extraction> {
+    let why = skip_reason(text)?;
+    let mut ex = Extraction {
+        skipped: Some(why),
+        ..Extraction::default()
+    };
+    ex.rejected.skipped = 1;
+    Some(ex)
+}
+
+/// [`LINES_GRAMMAR`] with room for the facts of a few messages.
+const BATCH_GRAMMAR: &str = r#"
+root ::= line{1,8}
+line ::= "- " [A-Z] [^\n]{4,118} "\n"
+"#;
 
 const ABOUT_SYSTEM: &str = "You write one short fact about a person, in the third person, using \
 the person's name and only words from what the user said. Answer with the fact only.";

@@ -20,6 +20,11 @@ pub(super) fn subject_of(fact: &str, speaker: &str, message: &str) -> Result<Str
         .strip_suffix("'s")
         .or_else(|| first.strip_suffix("’s"))
         .unwrap_or(first);
+    // A live turn's speaker is the role "User", which is also a word models put first in
+    // place of a name: it is a subject only when it is the speaker.
+    if !name.is_empty() && same_name(name, speaker) {
+        return Ok(name.to_string());
+    }
     let pronoun = matches!(
         name.to_lowercase().as_str(),
         "i" | "im"
@@ -45,7 +50,7 @@ pub(super) fn subject_of(fact: &str, speaker: &str, message: &str) -> Result<Str
     if pronoun || name.is_empty() {
         return Err(Reason::Subject);
     }
-    if same_name(name, speaker) || mentions(message, name) {
+    if mentions(message, name) {
         Ok(name.to_string())
     } else {
         Err(Reason::Subject)
