@@ -21,6 +21,17 @@ fn lane(pool: &PgPool, s: &kvmem::config::Settings) -> MemoryService {
     }
 }
 
+/// [`lane`] with SmolLM2 as its extraction model, on a thread of its own.
+fn smollm2_lane(pool: &PgPool, s: &kvmem::config::Settings) -> MemoryService {
+    let extractor = kvmem::memory::ingest::llm::LlmExtractor::load(
+        &smollm2(),
+        kvmem::engine::EngineParams::from_settings(s),
+        None,
+    )
+    .unwrap();
+    lane(pool, s).with_extractor(std::sync::Arc::new(extractor))
+}
+
 /// The session's committed KV dialogue, segment by segment, as text.
 async fn kv_text(
     pool: &PgPool,
@@ -349,13 +360,7 @@ async fn remember_this_about_someone_stores_what_the_user_said_about_them(pool: 
 
     // The lane summarises with the extraction model (SmolLM2 here); what it stores must be
     // grounded in what the user said, whichever way it was written.
-    let extractor = kvmem::memory::ingest::llm::LlmExtractor::load(
-        &smollm2(),
-        kvmem::engine::EngineParams::from_settings(&s),
-        None,
-    )
-    .unwrap();
-    let lane = lane(&pool, &s).with_extractor(std::sync::Arc::new(extractor));
+    let lane = smollm2_lane(&pool, &s);
     let outcomes = kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let result = about_result(&outcomes);
     assert_eq!(result["stored"], true, "{result}");
@@ -594,13 +599,7 @@ async fn a_fact_about_the_users_sister_is_hers_and_the_characters_words_are_not_
         .await
         .unwrap();
 
-    let extractor = kvmem::memory::ingest::llm::LlmExtractor::load(
-        &smollm2(),
-        kvmem::engine::EngineParams::from_settings(&s),
-        None,
-    )
-    .unwrap();
-    let lane = lane(&pool, &s).with_extractor(std::sync::Arc::new(extractor));
+    let lane = smollm2_lane(&pool, &s);
     kvmem::memory::ingest::jobs::drain(&lane).await.unwrap();
     let facts: Vec<FactRow> = sqlx::query_as(
         "SELECT text, entity_refs, source_message_ids FROM kvmem_memories WHERE user_id = 'u1'",
