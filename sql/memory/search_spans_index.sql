@@ -1,7 +1,7 @@
 -- The nearest of one user's span vectors to the query ($5) from the HNSW index (the
 -- caller's transaction sets hnsw.ef_search and hnsw.iterative_scan, so that rows of other
--- users skipped by the filter do not leave the list short), each spread to the messages
--- of its span: a message scores the best span it sits in. $6 spans.
+-- users skipped by the filter do not leave the list short), spread to the
+-- messages of their spans by spread_spans.sql, which follows. $6 spans.
 WITH hits AS (
     SELECT id, session_id, at, (1 - (span_embedding <=> $5::vector))::float8 AS cosine
       FROM memory_messages
@@ -13,13 +13,3 @@ WITH hits AS (
      ORDER BY span_embedding <=> $5::vector
      LIMIT $6
 )
-SELECT p.id, max(h.cosine)::float8 AS cosine
-  FROM hits h
- CROSS JOIN LATERAL (
-       SELECT q.id
-         FROM memory_messages q
-        WHERE q.user_id = $1 AND q.session_id = h.session_id
-          AND (q.at, q.id) <= (h.at, h.id)
-        ORDER BY q.at DESC, q.id DESC
-        LIMIT 5) AS p
- GROUP BY p.id

@@ -75,9 +75,15 @@ pub(super) async fn nearest_spans(
     exact: bool,
 ) -> Result<HashMap<i64, f64>> {
     let sql = if exact {
-        include_str!("../../../sql/memory/search_spans_exact.sql")
+        concat!(
+            include_str!("../../../sql/memory/search_spans_exact.sql"),
+            include_str!("../../../sql/memory/spread_spans.sql")
+        )
     } else {
-        include_str!("../../../sql/memory/search_spans_index.sql")
+        concat!(
+            include_str!("../../../sql/memory/search_spans_index.sql"),
+            include_str!("../../../sql/memory/spread_spans.sql")
+        )
     };
     let rows = nearest(svc, req, q, sql, exact, SPAN_CANDIDATES).await?;
     Ok(rows.into_iter().collect())
