@@ -225,8 +225,14 @@ async fn embed_message(
         // Its span: the turns before it are in, as the lane keeps each user's order. A
         // few older messages without one go along (a history from before spans existed
         // fills a little per job; `kvmem memory reindex` fills it at once).
-        let spans = spans::fill(svc, Some(&m.user_id), Some(SPANS_PER_JOB)).await?;
-        result["spans"] = json!(spans);
+        // A failed span embedding is an event (the embedder recorded it) and leaves the
+        // rows without a span vector for a later job or a reindex; the message's own
+        // vector is stored and its extraction still runs.
+        match spans::fill(svc, Some(&m.user_id), Some(SPANS_PER_JOB)).await {
+            Ok(n) => result["spans"] = json!(n),
+            Err(MemoryError::Embed(e)) => result["spans_error"] = json!(e.to_string()),
+            Err(e) => return Err(e),
+        }
     } else if svc.embedder.is_none() {
         result["embed_skipped"] = json!("no embedder");
     }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use pgvector::Vector;
 
+use super::super::embed::EmbedError;
 use super::super::{MemoryError, MemoryService, Result};
 use super::vector::nearest;
 use super::SearchRequest;
@@ -26,7 +27,7 @@ struct SpanText {
 
 /// Gives messages of `user` (all users: `None`) that have none their span vector, oldest
 /// first, at most `max` of them (`None`: all); returns how many. Without an embedder it
-/// does nothing; a failed embedding stops the fill with an error naming it (the rows stay
+/// does nothing; a failed embedding stops the fill with `MemoryError::Embed` (the rows stay
 /// NULL for the next run).
 pub async fn fill(svc: &MemoryService, user: Option<&str>, max: Option<usize>) -> Result<usize> {
     if svc.embedder.is_none() {
@@ -53,7 +54,9 @@ pub async fn fill(svc: &MemoryService, user: Option<&str>, max: Option<usize>) -
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let texts: Vec<String> = rows.into_iter().map(|r| r.span).collect();
         let vecs = svc.embed(texts).await.ok_or_else(|| {
-            MemoryError::Invalid("span embedding failed (see memory events)".into())
+            MemoryError::Embed(EmbedError::Llama(
+                "span embedding failed (see memory events)".into(),
+            ))
         })?;
         let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
         sqlx::query(include_str!("../../../sql/memory/set_span_vectors.sql"))
