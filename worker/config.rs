@@ -240,7 +240,7 @@ fn default_ranker() -> String {
 }
 
 fn default_exact_search_max() -> u32 {
-    20_000
+    2_000
 }
 
 fn default_keep_user() -> u32 {

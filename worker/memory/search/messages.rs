@@ -166,17 +166,25 @@ async fn dense_legs(
         });
     };
     let exact = search_exactly(svc, &req.scope.user_id).await?;
-    let voiced = match vv {
-        Some(v) => nearest_messages(svc, req, v, exact).await?,
-        None => Vec::new(),
+    // The legs are independent statements on connections of their own: run together, a
+    // small history's exact scans share the cores instead of waiting on each other.
+    let voiced = async {
+        match vv {
+            Some(v) => nearest_messages(svc, req, v, exact).await,
+            None => Ok(Vec::new()),
+        }
     };
     // Only the hybrid ranker reads spans; the others score the message vectors alone.
-    let spans = match req.ranker {
-        RankerKind::Hybrid => nearest_spans(svc, req, q, exact).await?,
-        _ => HashMap::new(),
+    let spans = async {
+        match req.ranker {
+            RankerKind::Hybrid => nearest_spans(svc, req, q, exact).await,
+            _ => Ok(HashMap::new()),
+        }
     };
+    let (vector, spans, voiced) =
+        tokio::try_join!(nearest_messages(svc, req, q, exact), spans, voiced)?;
     Ok(Dense {
-        vector: nearest_messages(svc, req, q, exact).await?,
+        vector,
         spans,
         voiced,
     })
