@@ -1501,7 +1501,10 @@ async fn recall(env: &Env) -> Result<Value> {
     seed_older_messages(&pool, older).await?;
     let first = memory_turn(&on_deps, &lane, "ttft", ch, "Status report?").await?;
     anyhow::ensure!(first.cold, "the first turn should start cold");
-    let pairs = if env.quick { 4 } else { 12 };
+    let pairs = std::env::var("KVMEM_BENCH_RECALL_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if env.quick { 4 } else { 12 });
     let (mut on_ttft, mut off_ttft, mut diffs, mut recall_ms) = (vec![], vec![], vec![], vec![]);
     let mut injected_on = 0;
     for i in 0..pairs {

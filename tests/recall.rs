@@ -452,3 +452,48 @@ async fn recall_holds_the_users_words_and_none_of_the_characters(pool: PgPool) {
         assert!(!recall.contains(r.trim()), "a reply was recalled: {r}");
     }
 }
+
+/// Each recalled line is about the message on its own: in a short history every turn
+/// shares a span, and a cold session's first question used to bring all three things the
+/// user had told, leaving nothing new for the questions about the other two. Now each
+/// question of the new session recalls the one message that answers it, in the user's
+/// words, and neither of the others.
+#[sqlx::test(migrations = false)]
+async fn each_question_recalls_the_message_that_answers_it_and_not_its_neighbours(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, engine, deps) = rig(&pool, dir.path());
+    let told = [
+        "My sister Maya came over for dinner last night and cooked a huge curry.",
+        "It reminded me of Lisbon, where I grew up, right next to the old tram line.",
+        "Anyway, next month I'm planning to run the Porto half marathon with her.",
+    ];
+    for t in told {
+        one_turn(&deps, "first", "u1", ch, t).await;
+    }
+    let asked = [
+        "What is my sister's name again?",
+        "Which city did I grow up in?",
+        "What race am I planning to run next month?",
+    ];
+    for q in asked {
+        one_turn(&deps, "second", "u1", ch, q).await;
+    }
+    let blocks: Vec<String> = kv_segments(&pool, &engine, "second")
+        .await
+        .into_iter()
+        .filter(|(s, _)| s.kind == SegKind::Recall)
+        .map(|(_, text)| text)
+        .collect();
+    assert_eq!(
+        blocks.len(),
+        3,
+        "one recall block per question: {blocks:#?}"
+    );
+    for (i, block) in blocks.iter().enumerate() {
+        for (j, t) in told.iter().enumerate() {
+            assert_eq!(block.contains(t), i == j, "question {i}, told {j}: {block}");
+        }
+    }
+}

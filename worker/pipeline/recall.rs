@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use crate::memory::search::cards;
 use crate::memory::search::{self, HitKind, SearchRequest};
 use crate::memory::store::Scope;
-use crate::memory::MemoryService;
+use crate::memory::{embed, MemoryService};
 use crate::summary::cache::content_hash;
 use crate::turn::{self, ClaimedTurn};
 
@@ -21,6 +21,11 @@ use crate::turn::{self, ClaimedTurn};
 const ASSISTANT: &str = "assistant";
 /// Candidates asked of the search; the token budget decides how many are injected.
 const RECALL_CANDIDATES: usize = 6;
+/// Seed 002's relevance gate, applied to each recalled line on its own (see
+/// [`about_the_message`]): cosine with the message...
+const GATE_COSINE: f64 = 0.30;
+/// ...or the share of the message's content words the line holds.
+const GATE_LEXICAL: f64 = 0.24;
 /// A dialogue hit longer than this is clipped: one long message must not take the budget.
 const ITEM_MAX_CHARS: usize = 240;
 
@@ -86,7 +91,8 @@ async fn candidates(
         // What the user told the character, never the character's own earlier replies.
         skip_speaker: Some(ASSISTANT.to_string()),
     };
-    let found = search::search(svc, &req).await?;
+    let mut found = search::search(svc, &req).await?;
+    found.hits = about_the_message(svc, query, found.hits).await;
     let mut items = Vec::new();
     for card in cards::cards_for_hits(&svc.pool, &req.scope, &found.hits).await? {
         items.push(RecallItem {
@@ -113,6 +119,47 @@ async fn candidates(
         }
     }
     Ok(items)
+}
+
+/// Keeps the hits that are about the message on their own: a cosine of at least
+/// [`GATE_COSINE`] between the message and the line alone, or [`GATE_LEXICAL`] of its
+/// words in the line, or a place in the time the message names. The search ranks a turn
+/// by its key (the turn with the one it answers) and by the span it sits in, which is right
+/// for finding evidence and wrong for injecting it: in a short history every turn shares a
+/// span, and a question about the user's sister brought the city they grew up in and their
+/// race as well, leaving nothing new for the questions that asked about those. Without an
+/// embedder the words decide alone.
+async fn about_the_message(
+    svc: &MemoryService,
+    query: &str,
+    hits: Vec<search::Hit>,
+) -> Vec<search::Hit> {
+    let part = |h: &search::Hit, k: &str| h.components.get(k).copied().unwrap_or(0.0);
+    let lone = |h: &search::Hit| match (h.kind, h.speaker.as_deref()) {
+        (HitKind::Message, Some(speaker)) => search::message_key(speaker, &h.text, None),
+        _ => h.text.clone(),
+    };
+    // Facts are statements on their own: the search's cosine is already theirs alone.
+    let texts: Vec<String> = std::iter::once(query.to_string())
+        .chain(hits.iter().filter(|h| h.kind != HitKind::Memory).map(lone))
+        .collect();
+    let vectors = if texts.len() > 1 {
+        svc.embed(texts).await
+    } else {
+        None
+    };
+    let mut alone = vectors.iter().flat_map(|v| v[1..].iter());
+    let q = vectors.as_ref().map(|v| v[0].clone());
+    hits.into_iter()
+        .filter(|h| {
+            let cosine = match (h.kind, &q) {
+                (HitKind::Memory, _) => part(h, "semantic"),
+                (_, Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
+                (_, None) => 0.0,
+            };
+            cosine >= GATE_COSINE || part(h, "lexical") >= GATE_LEXICAL || part(h, "time") > 0.0
+        })
+        .collect()
 }
 
 /// Dialogue recall is over other sessions: this session's recent turns are in the KV, and
