@@ -135,29 +135,36 @@ async fn about_the_message(
     hits: Vec<search::Hit>,
 ) -> Vec<search::Hit> {
     let part = |h: &search::Hit, k: &str| h.components.get(k).copied().unwrap_or(0.0);
+    let by_words = |h: &search::Hit| part(h, "lexical") >= GATE_LEXICAL || part(h, "time") > 0.0;
+    // Facts are statements on their own: the search's cosine is already theirs alone. The
+    // other lines are embedded alone, clipped as recall shows them, and only where the
+    // words have not let them through already: each costs the turn about what the query
+    // did.
     let lone = |h: &search::Hit| match (h.kind, h.speaker.as_deref()) {
-        (HitKind::Message, Some(speaker)) => search::message_key(speaker, &h.text, None),
-        _ => h.text.clone(),
+        (HitKind::Memory, _) => None,
+        _ if by_words(h) => None,
+        (HitKind::Message, Some(speaker)) => {
+            Some(search::message_key(speaker, &clip(&h.text), None))
+        }
+        _ => Some(clip(&h.text)),
     };
-    // Facts are statements on their own: the search's cosine is already theirs alone.
-    let texts: Vec<String> = std::iter::once(query.to_string())
-        .chain(hits.iter().filter(|h| h.kind != HitKind::Memory).map(lone))
-        .collect();
-    let vectors = if texts.len() > 1 {
-        svc.embed(texts).await
-    } else {
+    let lines: Vec<String> = hits.iter().filter_map(lone).collect();
+    let vectors = if lines.is_empty() {
         None
+    } else {
+        svc.embed(std::iter::once(query.to_string()).chain(lines).collect())
+            .await
     };
     let mut alone = vectors.iter().flat_map(|v| v[1..].iter());
     let q = vectors.as_ref().map(|v| v[0].clone());
     hits.into_iter()
         .filter(|h| {
-            let cosine = match (h.kind, &q) {
-                (HitKind::Memory, _) => part(h, "semantic"),
-                (_, Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
-                (_, None) => 0.0,
+            let cosine = match (lone(h), &q) {
+                (None, _) => part(h, "semantic"),
+                (Some(_), Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
+                (Some(_), None) => 0.0,
             };
-            cosine >= GATE_COSINE || part(h, "lexical") >= GATE_LEXICAL || part(h, "time") > 0.0
+            by_words(h) || cosine >= GATE_COSINE
         })
         .collect()
 }
