@@ -148,24 +148,26 @@ async fn about_the_message(
         }
         _ => Some(clip(&h.text)),
     };
-    let lines: Vec<String> = hits.iter().filter_map(lone).collect();
-    let vectors = if lines.is_empty() {
+    let lines: Vec<Option<String>> = hits.iter().map(lone).collect();
+    let vectors = if lines.iter().all(Option::is_none) {
         None
     } else {
-        svc.embed(std::iter::once(query.to_string()).chain(lines).collect())
-            .await
+        let texts = std::iter::once(query.to_string()).chain(lines.iter().flatten().cloned());
+        svc.embed(texts.collect()).await
     };
     let mut alone = vectors.iter().flat_map(|v| v[1..].iter());
     let q = vectors.as_ref().map(|v| v[0].clone());
     hits.into_iter()
-        .filter(|h| {
-            let cosine = match (lone(h), &q) {
+        .zip(lines)
+        .filter(|(h, line)| {
+            let cosine = match (line, &q) {
                 (None, _) => part(h, "semantic"),
                 (Some(_), Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
                 (Some(_), None) => 0.0,
             };
             by_words(h) || cosine >= GATE_COSINE
         })
+        .map(|(h, _)| h)
         .collect()
 }
 
