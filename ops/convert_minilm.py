@@ -7,14 +7,19 @@ torch or transformers, so this converter uses only the `gguf` and `numpy` packag
 
 It follows llama.cpp's convert_hf_to_gguf.py BertModel path:
   - arch `bert`, `bert.attention.causal = false`, pooling MEAN (the model's 1_Pooling config);
-  - 2-D weights as F16; biases, norms, position and token-type embeddings stay F32;
+  - 2-D weights as F16 (or Q8_0 with --q8_0); biases, norms, position and token-type
+    embeddings stay F32;
   - the WordPiece vocab in llama.cpp's "phantom space" form: `##x` -> `x`, `[CLS]`-style
     tokens kept, every other word `x` -> `\u2581x`;
   - tokenizer model `bert`, pre-tokenizer `bert-bge`, special ids, token_type_count = 2.
 
 Output is deterministic: the same input files give a byte-identical GGUF.
 
-Usage: convert_minilm.py MODEL_DIR OUTPUT.gguf
+Q8_0 weights: llama.cpp multiplies them with 8-bit integer dot products, about twice as fast
+as F16 on this project's CPUs, and the vectors stay within cosine 0.999 of F16's
+(`ops/bench-embed` measures both).
+
+Usage: convert_minilm.py [--q8_0] MODEL_DIR OUTPUT.gguf
   MODEL_DIR holds config.json, model.safetensors, vocab.txt, tokenizer.json, 1_Pooling/config.json
 """
 
@@ -65,9 +70,12 @@ def phantom(tok):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    q8 = "--q8_0" in args
+    args = [a for a in args if a != "--q8_0"]
+    if len(args) != 2:
         sys.exit(__doc__.split("\n\n")[-1])
-    model_dir, out_path = sys.argv[1], sys.argv[2]
+    model_dir, out_path = args
 
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
@@ -105,7 +113,7 @@ def main():
     writer.add_layer_norm_eps(cfg["layer_norm_eps"])
     writer.add_causal_attention(False)
     writer.add_pooling_type(gguf.PoolingType.MEAN)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if q8 else gguf.LlamaFileType.MOSTLY_F16)
 
     writer.add_token_type_count(cfg["type_vocab_size"])
     writer.add_tokenizer_model("bert")
@@ -138,8 +146,14 @@ def main():
             or not new_name.endswith(".weight")
             or new_name.startswith(("position_embd", "token_types"))
         )
-        data = data if keep_f32 else data.astype(np.float16)
-        writer.add_tensor(new_name, np.ascontiguousarray(data))
+        if keep_f32:
+            writer.add_tensor(new_name, np.ascontiguousarray(data))
+        elif q8:
+            q8_0 = gguf.GGMLQuantizationType.Q8_0
+            packed = gguf.quants.quantize(np.ascontiguousarray(data), q8_0)
+            writer.add_tensor(new_name, packed, raw_dtype=q8_0)
+        else:
+            writer.add_tensor(new_name, np.ascontiguousarray(data.astype(np.float16)))
         n_written += 1
 
     writer.write_header_to_file()

@@ -228,7 +228,7 @@ fn default_summary_cache() -> u64 {
 
 fn default_embed_model() -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
-    Some(PathBuf::from(home).join(".cache/kvmem/models/all-MiniLM-L6-v2.f16.gguf"))
+    Some(PathBuf::from(home).join(".cache/kvmem/models/all-MiniLM-L6-v2.q8_0.gguf"))
 }
 
 fn default_true() -> bool {

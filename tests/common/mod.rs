@@ -131,7 +131,7 @@ fn model_path(var: &str, file: &str) -> PathBuf {
 
 /// MiniLM-L6-v2 as GGUF, made by ops/fetch-embedder.
 pub fn minilm() -> PathBuf {
-    model_path("KVMEM_TEST_MINILM", "all-MiniLM-L6-v2.f16.gguf")
+    model_path("KVMEM_TEST_MINILM", "all-MiniLM-L6-v2.q8_0.gguf")
 }
 
 /// The tiny random-weight llama made by ops/make-tiny-model.

@@ -1,0 +1,139 @@
+//! Embedding speed of one or more GGUF files of the same model, side by side in one
+//! process (issue 33: the query's embedding is part of every search, and the import's rate
+//! is set by the embedder). Numbers, never assertions. Run through `ops/bench-embed`.
+//!
+//! `cargo bench --bench embed -- MODEL.gguf [MODEL.gguf ...]`
+//! Texts: the tuning half of `ops/memory-evalset` (its questions as queries, its chat
+//! lines, each with the line before it as the import keys them, as the batch).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use kvmem::memory::embed::{dot, Embedder};
+
+const ROUNDS: usize = 3;
+const BATCH: usize = 64;
+
+fn evalset() -> Result<(Vec<String>, Vec<String>)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("ops/memory-evalset");
+    let split: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("split.json"))?)?;
+    let mut queries = Vec::new();
+    let mut keys = Vec::new();
+    for name in split["tune"].as_array().context("split.json: tune")? {
+        let name = name.as_str().context("split.json: a name")?;
+        let conv = dir.join("conversations");
+        let qs = std::fs::read_to_string(conv.join(format!("{name}.questions.jsonl")))?;
+        for line in qs.lines().filter(|l| !l.trim().is_empty()) {
+            let q: serde_json::Value = serde_json::from_str(line)?;
+            queries.push(q["question"].as_str().unwrap_or_default().to_string());
+        }
+        let text = std::fs::read_to_string(conv.join(format!("{name}.txt")))?;
+        let mut prev: Option<String> = None;
+        for line in text.lines() {
+            let Some((who, said)) = line.split_once(": ") else {
+                prev = None;
+                continue;
+            };
+            if who.contains(' ') || who == "title" || who == "speakers" || who == "style" {
+                continue;
+            }
+            let own = format!("{who}: {said}");
+            keys.push(match &prev {
+                Some(p) => format!("{p}\n{own}"),
+                None => own.clone(),
+            });
+            prev = Some(own);
+        }
+    }
+    Ok((queries, keys))
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn main() -> Result<()> {
+    let paths: Vec<PathBuf> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .map(PathBuf::from)
+        .collect();
+    if paths.is_empty() {
+        bail!("usage: cargo bench --bench embed -- MODEL.gguf [MODEL.gguf ...]");
+    }
+    let threads: i32 = std::env::var("KVMEM_BENCH_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2);
+    let keys_max: usize = std::env::var("KVMEM_BENCH_KEYS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1024);
+    llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+    let (queries, mut keys) = evalset()?;
+    keys.truncate(keys_max);
+    println!(
+        "{} queries one at a time, {} keys in batches of {BATCH}, {threads} batch threads, {ROUNDS} rounds",
+        queries.len(),
+        keys.len()
+    );
+    let models: Vec<Embedder> = paths
+        .iter()
+        .map(|p| Embedder::load(p, threads))
+        .collect::<Result<_, _>>()?;
+    let mut first_vectors: Vec<Vec<Vec<f32>>> = vec![Vec::new(); models.len()];
+    for round in 0..ROUNDS {
+        // Alternate the order each round so neither model always runs on a cooler machine.
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..models.len()).collect()
+        } else {
+            (0..models.len()).rev().collect()
+        };
+        for &m in &order {
+            let e = &models[m];
+            let mut times = Vec::with_capacity(queries.len());
+            let mut vecs = Vec::with_capacity(queries.len());
+            for q in &queries {
+                let t = Instant::now();
+                let v = e.embed(std::slice::from_ref(q))?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+                vecs.extend(v);
+            }
+            times.sort_by(f64::total_cmp);
+            let t = Instant::now();
+            for chunk in keys.chunks(BATCH) {
+                e.embed(chunk)?;
+            }
+            let secs = t.elapsed().as_secs_f64();
+            println!(
+                "round {round} {}: query p50 {:.2} ms p95 {:.2} ms | keys {:.1}/s",
+                paths[m].display(),
+                pct(&times, 0.5),
+                pct(&times, 0.95),
+                keys.len() as f64 / secs
+            );
+            if round == 0 {
+                first_vectors[m] = vecs;
+            }
+        }
+    }
+    for m in 1..models.len() {
+        let mut cos: Vec<f64> = first_vectors[0]
+            .iter()
+            .zip(&first_vectors[m])
+            .map(|(a, b)| dot(a, b) as f64)
+            .collect();
+        cos.sort_by(f64::total_cmp);
+        println!(
+            "query vectors of {} against {}: cosine min {:.4} p50 {:.4}",
+            paths[m].display(),
+            paths[0].display(),
+            cos[0],
+            pct(&cos, 0.5)
+        );
+    }
+    Ok(())
+}
