@@ -13,7 +13,7 @@ use super::rank::{self, Signals};
 use super::rows::{channel_score, fetch_messages, MsgRow};
 use super::spans::nearest_spans;
 use super::timeq::TimeWindow;
-use super::vector::{backfill, cosines, nearest_messages, search_exactly};
+use super::vector::{backfill, cosines, nearest_messages};
 use super::words::{content_words, names, overlap, substance, VAGUE};
 use super::{
     ranks, Hit, HitKind, SearchRequest, LEXICAL_CANDIDATES, VECTOR_CANDIDATES, WINDOW_CANDIDATES,
@@ -32,24 +32,34 @@ struct Legs {
     voice: HashMap<i64, f64>,
 }
 
+/// What the search made of the question before the dialogue's legs run.
+pub(super) struct Asked<'a> {
+    pub(super) window: Option<&'a TimeWindow>,
+    /// The question's content words.
+    pub(super) words: &'a [String],
+    pub(super) vector: Option<&'a [f32]>,
+    /// The speaker the question names, and the question in their voice.
+    pub(super) voice: Option<(&'a str, &'a [f32])>,
+    /// Whether the user's history is small enough to compare every vector.
+    pub(super) exact: bool,
+}
+
 pub(super) async fn message_hits(
     svc: &MemoryService,
     req: &SearchRequest,
     now: DateTime<Utc>,
-    window: Option<&TimeWindow>,
-    qwords: &[String],
-    qvec: Option<&[f32]>,
-    voice: Option<(&str, &[f32])>,
+    asked: &Asked<'_>,
 ) -> Result<Vec<Hit>> {
     let pool = &svc.pool;
     let scope = &req.scope;
+    let (window, qwords, qvec, voice) = (asked.window, asked.words, asked.vector, asked.voice);
     let qv = qvec.map(|q| Vector::from(q.to_vec()));
     let vv = voice.map(|(_, v)| Vector::from(v.to_vec()));
     let Dense {
         vector,
         spans,
         voiced,
-    } = dense_legs(svc, req, qv.as_ref(), vv.as_ref()).await?;
+    } = dense_legs(svc, req, qv.as_ref(), vv.as_ref(), asked.exact).await?;
     let vector_ids: Vec<i64> = vector.iter().map(|x| x.0).collect();
     let lexical = bm25_ids(
         pool,
@@ -66,11 +76,9 @@ pub(super) async fn message_hits(
         None => Vec::new(),
     };
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
-    fill_cosines(pool, &scope.user_id, &lex_order, qv.as_ref(), &mut cos).await?;
     let vec_order: Vec<i64> = vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect();
     let mut span_members: Vec<i64> = spans.keys().copied().collect();
     span_members.sort_unstable();
-    fill_cosines(pool, &scope.user_id, &span_members, qv.as_ref(), &mut cos).await?;
     let voiced_ids: Vec<i64> = voiced.iter().map(|x| x.0).collect();
     let ids = union(&[
         &lex_order,
@@ -82,7 +90,15 @@ pub(super) async fn message_hits(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut rows = fetch_messages(pool, &scope.user_id, &ids).await?;
+    // The rows come back with the query's cosine, saving a round trip: the lexical and
+    // span candidates the vector list did not reach take theirs from it.
+    let mut rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref()).await?;
+    let lex_or_span: HashSet<i64> = lex_order.iter().chain(&span_members).copied().collect();
+    for r in &rows {
+        if let (Some(c), true) = (r.cosine, lex_or_span.contains(&r.id)) {
+            cos.entry(r.id).or_insert(c);
+        }
+    }
     // Seed 002's backfill: a few candidates without vectors get one now.
     if let Some(q) = qvec {
         backfill(svc, q, &mut rows, &mut cos).await;
@@ -157,6 +173,7 @@ async fn dense_legs(
     req: &SearchRequest,
     qv: Option<&Vector>,
     vv: Option<&Vector>,
+    exact: bool,
 ) -> Result<Dense> {
     let Some(q) = qv else {
         return Ok(Dense {
@@ -165,7 +182,6 @@ async fn dense_legs(
             voiced: Vec::new(),
         });
     };
-    let exact = search_exactly(svc, &req.scope.user_id).await?;
     // The legs are independent statements on connections of their own: run together, a
     // small history's exact scans share the cores instead of waiting on each other.
     let voiced = async {
@@ -263,7 +279,7 @@ async fn window_leg(
         })
         .cloned()
         .collect();
-    let rows = fetch_messages(pool, &scope.user_id, &in_win).await?;
+    let rows = fetch_messages(pool, &scope.user_id, &in_win, None).await?;
     let mut scored: Vec<(i64, f64)> = rows
         .iter()
         .map(|r| {

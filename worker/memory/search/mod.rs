@@ -138,7 +138,7 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
     // The query's vector is made while Postgres finds the reference time and the speaker
     // the question names: the model runs on a blocking thread, so the round trips cost
     // the search nothing.
-    let (now, qvec, speaker) = tokio::join!(
+    let (now, qvec, speaker, exact) = tokio::join!(
         reference_time(pool, &req.scope, req.as_of),
         async {
             // The lexical-only ranker needs no query vector: skip the model call.
@@ -154,7 +154,8 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
                 }
                 _ => Ok(None),
             }
-        }
+        },
+        vector::search_exactly(svc, &req.scope.user_id)
     );
     let now = now?;
     let window = timeq::parse(&req.query, now);
@@ -169,19 +170,20 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
         }
         _ => None,
     };
-    let voice = voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice()));
+    let asked = messages::Asked {
+        window: window.as_ref(),
+        words: &qwords,
+        vector: qvec.as_deref(),
+        voice: voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice())),
+        exact: exact?,
+    };
 
-    let mut hits = message_hits(
-        svc,
-        req,
-        now,
-        window.as_ref(),
-        &qwords,
-        qvec.as_deref(),
-        voice,
-    )
-    .await?;
-    hits.extend(memory_hits(svc, req, now, &qwords, qvec.as_deref()).await?);
+    // The dialogue and the facts are separate tables on connections of their own.
+    let (mut hits, facts) = tokio::try_join!(
+        message_hits(svc, req, now, &asked),
+        memory_hits(svc, req, now, &qwords, qvec.as_deref())
+    )?;
+    hits.extend(facts);
     hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
     let hits = dedupe(hits, req.limit);
     Ok(SearchResponse {

@@ -1,6 +1,7 @@
 //! The candidate messages read back by id, with what the ranking needs of each.
 
 use chrono::{DateTime, Utc};
+use pgvector::Vector;
 use sqlx::PgPool;
 
 use super::super::Result;
@@ -25,14 +26,24 @@ pub(super) struct MsgRow {
     pub(super) context: Option<String>,
     pub(super) channel_id: Option<String>,
     pub(super) unembedded: bool,
+    /// The query's cosine, when the fetch was given the query's vector.
+    pub(super) cosine: Option<f64>,
 }
 
-pub(super) async fn fetch_messages(pool: &PgPool, user: &str, ids: &[i64]) -> Result<Vec<MsgRow>> {
+/// The rows of `ids` (the user's only), in the order of `ids`, each with its cosine to `q`
+/// when given.
+pub(super) async fn fetch_messages(
+    pool: &PgPool,
+    user: &str,
+    ids: &[i64],
+    q: Option<&Vector>,
+) -> Result<Vec<MsgRow>> {
     let mut out =
         sqlx::query_as::<_, MsgRow>(include_str!("../../../sql/memory/messages_by_id.sql"))
             .persistent(false)
             .bind(user)
             .bind(ids)
+            .bind(q)
             .fetch_all(pool)
             .await?;
     let pos = ranks(ids);
