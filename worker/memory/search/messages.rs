@@ -90,15 +90,8 @@ pub(super) async fn message_hits(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    // The rows come back with the query's cosine, saving a round trip: the lexical and
-    // span candidates the vector list did not reach take theirs from it.
     let mut rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref()).await?;
-    let lex_or_span: HashSet<i64> = lex_order.iter().chain(&span_members).copied().collect();
-    for r in &rows {
-        if let (Some(c), true) = (r.cosine, lex_or_span.contains(&r.id)) {
-            cos.entry(r.id).or_insert(c);
-        }
-    }
+    take_cosines(&rows, &[&lex_order, &span_members], &mut cos);
     // Seed 002's backfill: a few candidates without vectors get one now.
     if let Some(q) = qvec {
         backfill(svc, q, &mut rows, &mut cos).await;
@@ -124,6 +117,17 @@ pub(super) async fn message_hits(
         .filter(|(row, _)| req.skip_speaker.as_deref() != Some(row.speaker.as_str()))
         .map(|(row, sc)| to_hit(row, sc))
         .collect())
+}
+
+/// The rows come back with the query's cosine, saving a round trip: candidates of `lists`
+/// the vector list did not reach take theirs from it.
+fn take_cosines(rows: &[MsgRow], lists: &[&[i64]], cos: &mut HashMap<i64, f64>) {
+    let wanted: HashSet<i64> = lists.iter().flat_map(|l| l.iter().copied()).collect();
+    for r in rows {
+        if let (Some(c), true) = (r.cosine, wanted.contains(&r.id)) {
+            cos.entry(r.id).or_insert(c);
+        }
+    }
 }
 
 /// The lists' ids in order of first appearance, each once.
