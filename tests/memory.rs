@@ -1462,6 +1462,63 @@ async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPoo
     );
 }
 
+/// A span longer than the embedder's window is cut at its oldest turns, not at its own
+/// message: after four long turns about bread, the short turn that ends the span still
+/// shapes its vector.
+#[sqlx::test(migrations = false)]
+async fn a_long_span_keeps_its_own_message(pool: PgPool) {
+    let svc = service(&pool).await;
+    let bread = "The sourdough starter needs feeding twice a day with rye flour and warm water, \
+                 then the dough rests overnight in the fridge, gets folded four times, shaped \
+                 into a round loaf, scored with a razor and baked in a cast iron pot at high heat \
+                 for forty minutes with the lid on and twenty more with it off. Then it cools \
+                 on a rack for an hour before anyone is allowed to cut it.";
+    let last = "Oh and my sister Maya just started as a nurse at the hospital in Lisbon.";
+    let lines: Vec<(&str, &str)> = vec![
+        ("Pri", bread),
+        ("Dana", bread),
+        ("Pri", bread),
+        ("Dana", bread),
+        ("Pri", last),
+    ];
+    import_session(&svc, "dana", &lines).await;
+    let all: Vec<String> = lines.iter().map(|(s, t)| format!("{s}: {t}")).collect();
+    // The span must not fit, or the test shows nothing.
+    let words: usize = all.iter().map(|l| l.split_whitespace().count()).sum();
+    assert!(
+        words > kvmem::memory::embed::MAX_TOKENS,
+        "{words} words fit the window"
+    );
+    let span = |id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let v: pgvector::Vector = sqlx::query_scalar(
+                "SELECT span_embedding FROM memory_messages WHERE message_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            v.to_vec()
+        }
+    };
+    let dot = |a: &[f32], b: &[f32]| -> f32 { a.iter().zip(b).map(|(x, y)| x * y).sum() };
+    // The turn before it has the four bread turns as its span. Cut at the start, both
+    // spans would be the same first window of bread, and so the same vector.
+    let (with_it, before_it) = (span("dana-4").await, span("dana-3").await);
+    let same = dot(&with_it, &before_it);
+    assert!(same < 0.99, "the two spans embed alike: cosine {same}");
+    let alone = embedder()
+        .embed(&[format!("Pri: {last}")])
+        .unwrap()
+        .remove(0);
+    let (mine, theirs) = (dot(&alone, &with_it), dot(&alone, &before_it));
+    assert!(
+        mine > theirs + 0.03,
+        "the message is no nearer its own span ({mine}) than the span before it ({theirs})"
+    );
+}
+
 /// A question that names one speaker scores that speaker's turns by the question in their
 /// own voice, and only theirs: the other speaker's turns carry no voice component.
 #[sqlx::test(migrations = false)]

@@ -26,7 +26,16 @@ const BATCH_SEQS: usize = 32;
 /// run (issue 33).
 const QUERY_THREADS: i32 = 1;
 /// MiniLM was trained on 128 word pieces and knows 512 positions; longer text is cut.
-const MAX_TOKENS: usize = 256;
+pub const MAX_TOKENS: usize = 256;
+
+/// Which end of a text longer than [`MAX_TOKENS`] is embedded. A message's key starts with
+/// the message (its context follows), so the start; a span ends with its own message (the
+/// turns before it come first), so the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    Start,
+    End,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbedError {
@@ -133,12 +142,20 @@ impl Embedder {
         })
     }
 
-    fn tokens(&self, text: &str) -> Vec<LlamaToken> {
+    fn tokens(&self, text: &str, keep: Keep) -> Vec<LlamaToken> {
         let mut t = self.model.vocab().tokenize(text.as_bytes(), true, false);
         if t.len() > MAX_TOKENS {
-            let last = *t.last().expect("non-empty");
-            t.truncate(MAX_TOKENS - 1);
-            t.push(last);
+            match keep {
+                Keep::Start => {
+                    let last = *t.last().expect("non-empty");
+                    t.truncate(MAX_TOKENS - 1);
+                    t.push(last);
+                }
+                // The first token ([CLS]) and the last MAX_TOKENS - 1, which end with [SEP].
+                Keep::End => {
+                    t.drain(1..t.len() - (MAX_TOKENS - 1));
+                }
+            }
         }
         if t.is_empty() {
             t = self.model.vocab().tokenize(b" ", true, false);
@@ -151,7 +168,12 @@ impl Embedder {
     /// search's query) goes to the one-thread context: the same vector (the probe of
     /// issue 33 compared them bit for bit), without waiting on a batch in progress.
     pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
-        let toks: Vec<Vec<LlamaToken>> = texts.iter().map(|t| self.tokens(t)).collect();
+        self.embed_keeping(texts, Keep::Start)
+    }
+
+    /// [`Embedder::embed`], keeping `keep`'s end of a text longer than the model's window.
+    pub fn embed_keeping(&self, texts: &[String], keep: Keep) -> Result<Vec<Vec<f32>>> {
+        let toks: Vec<Vec<LlamaToken>> = texts.iter().map(|t| self.tokens(t, keep)).collect();
         let poisoned = |_| EmbedError::Llama("embedder poisoned by an earlier panic".into());
         if let [one] = toks.as_slice() {
             let mut ctx = self.query.lock().map_err(poisoned)?;

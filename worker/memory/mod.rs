@@ -265,11 +265,21 @@ impl MemoryService {
     /// Embeds on a blocking thread; `None` when there is no embedder or it failed (the
     /// failure is recorded as an event and the caller continues lexically).
     pub async fn embed(&self, texts: Vec<String>) -> Option<Vec<Vec<f32>>> {
+        self.embed_keeping(texts, embed::Keep::Start).await
+    }
+
+    /// [`MemoryService::embed`], keeping `keep`'s end of a text longer than the model's
+    /// window.
+    pub async fn embed_keeping(
+        &self,
+        texts: Vec<String>,
+        keep: embed::Keep,
+    ) -> Option<Vec<Vec<f32>>> {
         let embedder = self.embedder.clone()?;
         if texts.is_empty() {
             return Some(Vec::new());
         }
-        let res = tokio::task::spawn_blocking(move || embedder.embed(&texts)).await;
+        let res = tokio::task::spawn_blocking(move || embedder.embed_keeping(&texts, keep)).await;
         match res {
             Ok(Ok(v)) => Some(v),
             Ok(Err(e)) => {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use pgvector::Vector;
 
-use super::super::embed::EmbedError;
+use super::super::embed::{EmbedError, Keep};
 use super::super::{MemoryError, MemoryService, Result};
 use super::vector::nearest;
 use super::SearchRequest;
@@ -53,7 +53,8 @@ pub async fn fill(svc: &MemoryService, user: Option<&str>, max: Option<usize>) -
         after = last.id;
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let texts: Vec<String> = rows.into_iter().map(|r| r.span).collect();
-        let vecs = svc.embed(texts).await.ok_or_else(|| {
+        // A long span is cut at its oldest turns: the message it belongs to is its end.
+        let vecs = svc.embed_keeping(texts, Keep::End).await.ok_or_else(|| {
             MemoryError::Embed(EmbedError::Llama(
                 "span embedding failed (see memory events)".into(),
             ))
