@@ -135,9 +135,9 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
         ));
     }
     let pool = &svc.pool;
-    // The query's vector is made while Postgres finds the reference time and the speaker
-    // the question names: the model runs on a blocking thread, so the round trips cost
-    // the search nothing.
+    // The query's vector is made while Postgres finds the reference time, the speaker the
+    // question names and the size of the user's history (exact or index): the model runs on
+    // a blocking thread, so the round trips cost the search nothing.
     let (now, qvec, speaker, exact) = tokio::join!(
         reference_time(pool, &req.scope, req.as_of),
         async {
