@@ -1,7 +1,8 @@
 //! What the memory layers hand a turn before it touches the KV: the recall candidates for
 //! the user message (entity cards first, then memories and past dialogue, ranked) and the
 //! context block (last session summary, user context, spine) with its version. Reading
-//! only: no model call but the query's embedding, and a failure degrades to nothing
+//! only: no model call but embeddings (the query's, and the lines the relevance gate
+//! compares with it), and a failure degrades to nothing
 //! recalled instead of failing the turn. Which candidates the KV already holds is decided
 //! on the engine thread ([`super::kv`]), from the segment table.
 
@@ -92,7 +93,8 @@ async fn candidates(
         skip_speaker: Some(ASSISTANT.to_string()),
     };
     let mut found = search::search(svc, &req).await?;
-    found.hits = about_the_message(svc, query, found.hits).await;
+    let query_vector = found.query_vector.take();
+    found.hits = about_the_message(svc, query_vector.as_deref(), found.hits).await;
     let mut items = Vec::new();
     for card in cards::cards_for_hits(&svc.pool, &req.scope, &found.hits).await? {
         items.push(RecallItem {
@@ -131,7 +133,7 @@ async fn candidates(
 /// embedder the words decide alone.
 async fn about_the_message(
     svc: &MemoryService,
-    query: &str,
+    q: Option<&[f32]>,
     hits: Vec<search::Hit>,
 ) -> Vec<search::Hit> {
     let part = |h: &search::Hit, k: &str| h.components.get(k).copied().unwrap_or(0.0);
@@ -149,18 +151,18 @@ async fn about_the_message(
         _ => Some(clip(&h.text)),
     };
     let lines: Vec<Option<String>> = hits.iter().map(lone).collect();
-    let vectors = if lines.iter().all(Option::is_none) {
-        None
-    } else {
-        let texts = std::iter::once(query.to_string()).chain(lines.iter().flatten().cloned());
-        svc.embed(texts.collect()).await
+    // The search's own query vector: the message is not embedded a second time.
+    let vectors = match q {
+        Some(_) if lines.iter().any(Option::is_some) => {
+            svc.embed(lines.iter().flatten().cloned().collect()).await
+        }
+        _ => None,
     };
-    let mut alone = vectors.iter().flat_map(|v| v[1..].iter());
-    let q = vectors.as_ref().map(|v| v[0].clone());
+    let mut alone = vectors.iter().flatten();
     hits.into_iter()
         .zip(lines)
         .filter(|(h, line)| {
-            let cosine = match (line, &q) {
+            let cosine = match (line, q) {
                 (None, _) => part(h, "semantic"),
                 (Some(_), Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
                 (Some(_), None) => 0.0,

@@ -102,6 +102,10 @@ pub struct SearchResponse {
     pub semantic: bool,
     pub time_window: Option<TimeWindow>,
     pub hits: Vec<Hit>,
+    /// The query's vector, for callers that compare other text with it (recall's gate)
+    /// without embedding the query again. Not part of the JSON.
+    #[serde(skip)]
+    pub query_vector: Option<Vec<f32>>,
 }
 
 async fn reference_time(
@@ -193,6 +197,7 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
         semantic: qvec.is_some(),
         time_window: window,
         hits,
+        query_vector: qvec,
     })
 }
 
