@@ -1420,6 +1420,17 @@ async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPoo
         .await,
         0
     );
+    // Both vectors stay in the row: an exact scan reads no TOAST chunk for them (with
+    // the default 2 KB target, one chunk per message).
+    let toast: String = sqlx::query_scalar(
+        "SELECT reltoastrelid::regclass::text FROM pg_class \
+          WHERE oid = 'memory_messages'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let chunks = count(&pool, &format!("SELECT count(*) FROM {toast}")).await;
+    assert_eq!(chunks, 0, "vectors moved out of the row");
     // The span of the fifth turn ("Send pictures!!") is turns one to five, oldest first.
     let text: Vec<String> = POTTERY[..5]
         .iter()
