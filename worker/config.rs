@@ -116,7 +116,8 @@ pub struct Settings {
     #[serde(default = "default_keep_user")]
     pub memory_keep_user: u32,
     /// A user with at most this many messages is searched exactly (every vector compared);
-    /// above it the HNSW index answers. 0: always the index.
+    /// above it too while the user is so small a share of the message index that its
+    /// filtered scan would cost more; otherwise the HNSW index answers. 0: always the index.
     #[serde(default = "default_exact_search_max")]
     pub memory_exact_search_max: u32,
     /// Seed 002's keep-120 per lore subject.

@@ -1,2 +1,6 @@
--- How many messages one user has (the BM25 statistics keep the count); autocommit read.
-SELECT coalesce((SELECT docs FROM memory_lexicon_users WHERE user_id = $1), 0)::bigint
+-- How many messages one user has (the BM25 statistics keep the count), and how many
+-- vectors the message index holds in all (its planner statistics; 0 before the first
+-- ANALYZE or without the index): the two sizes that decide exact or index. Autocommit read.
+SELECT coalesce((SELECT docs FROM memory_lexicon_users WHERE user_id = $1), 0)::bigint,
+       greatest(coalesce((SELECT reltuples FROM pg_class
+                           WHERE oid = to_regclass('memory_messages_embedding_hnsw')), 0), 0)::float8
