@@ -86,7 +86,7 @@ pub(super) async fn search_exactly(svc: &MemoryService, user: &str) -> Result<bo
 /// on the latency fill (1.11M vectors, two cores, vectors stored in the row): one exact
 /// leg 12-15 ms for a user of 10,000 messages, about 1.4 ms per 1,000; through the index
 /// the whole vector-only search took 84-95 ms for that user (`indexed / size` 111) and
-/// 17-24 ms for one of 100,000 (11), about 0.9 ms per unit of `indexed / size`. Equal
+/// 18-24 ms for one of 100,000 (11), about 0.9 ms per unit of `indexed / size`. Equal
 /// where `size² = 640 × indexed`.
 const EXACT_OVER_INDEX: f64 = 640.0;
 
