@@ -84,10 +84,11 @@ pub(super) async fn search_exactly(svc: &MemoryService, user: &str) -> Result<bo
 /// The exact scan reads each of the user's rows once; the filtered index scan passes over
 /// about `indexed / size` vectors of other users for each of theirs it returns. Measured
 /// on the latency fill (1.11M vectors, two cores, vectors stored in the row): one exact
-/// leg 12-15 ms for a user of 10,000 messages, about 1.4 ms per 1,000; through the index
+/// leg 12-15 ms for a user of 10,000 messages, about 1.4 ms per 1,000. Through the index
 /// the whole vector-only search took 84-95 ms for that user (`indexed / size` 111) and
-/// 18-24 ms for one of 100,000 (11), about 0.9 ms per unit of `indexed / size`. Equal
-/// where `size² = 640 × indexed`.
+/// 18-24 ms for one of 100,000 (11); less the query's embedding (about 8 ms), 0.7-0.8 ms
+/// and 0.9-1.5 ms per unit of `indexed / size`. With 0.9 taken, the two are equal where
+/// `size² = 640 × indexed`: an estimate from two sizes, not a fit.
 const EXACT_OVER_INDEX: f64 = 640.0;
 
 /// Exact for a user of at most `max` messages (0: always the index), and above it while
