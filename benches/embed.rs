@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use kvmem::memory::embed::{dot, Embedder};
+use kvmem::memory::embed::{dot, Embedder, Role};
 
 const ROUNDS: usize = 3;
 const BATCH: usize = 64;
@@ -98,14 +98,14 @@ fn main() -> Result<()> {
             let mut vecs = Vec::with_capacity(queries.len());
             for q in &queries {
                 let t = Instant::now();
-                let v = e.embed(std::slice::from_ref(q))?;
+                let v = e.embed(std::slice::from_ref(q), Role::Query)?;
                 times.push(t.elapsed().as_secs_f64() * 1e3);
                 vecs.extend(v);
             }
             times.sort_by(f64::total_cmp);
             let t = Instant::now();
             for chunk in keys.chunks(BATCH) {
-                e.embed(chunk)?;
+                e.embed(chunk, Role::Passage)?;
             }
             let secs = t.elapsed().as_secs_f64();
             println!(

@@ -1561,9 +1561,12 @@ async fn recall(env: &Env) -> Result<Value> {
             kvmem::memory::store::Source::Explicit,
         );
         m.character_id = Some(ch);
-        if let Some(v) = lane.embed(vec![m.embed_text()]).await {
+        if let Some(v) = lane
+            .embed(vec![m.embed_text()], kvmem::memory::embed::Role::Passage)
+            .await
+        {
             m.embedding = v.into_iter().next();
-            m.embed_model = lane.model_name().map(str::to_string);
+            m.embed_model = lane.model_id().map(str::to_string);
         }
         kvmem::memory::store::upsert(&pool, m).await?;
     }

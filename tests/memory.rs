@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use chrono::{DateTime, Duration, Utc};
+use kvmem::memory::embed::Role;
 use kvmem::memory::ingest::import::{self, ExtractMode};
 use kvmem::memory::ingest::jobs::{self, Outcome};
 use kvmem::memory::search::rank::{self, Signals};
@@ -298,10 +299,14 @@ fn a_query_embeds_as_the_same_text_does_in_a_batch() {
     ]
     .map(String::from)
     .to_vec();
-    let batch = e.embed(&texts).unwrap();
+    let batch = e.embed(&texts, Role::Passage).unwrap();
     assert_eq!(batch.len(), texts.len());
     for (t, b) in texts.iter().zip(&batch) {
-        let one = e.embed(std::slice::from_ref(t)).unwrap().pop().unwrap();
+        let one = e
+            .embed(std::slice::from_ref(t), Role::Passage)
+            .unwrap()
+            .pop()
+            .unwrap();
         assert_eq!(one.len(), b.len());
         let worst = one
             .iter()
@@ -1436,7 +1441,10 @@ async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPoo
         .iter()
         .map(|(s, t)| format!("{s}: {t}"))
         .collect();
-    let want = embedder().embed(&[text.join(" ")]).unwrap().remove(0);
+    let want = embedder()
+        .embed(&[text.join(" ")], Role::Passage)
+        .unwrap()
+        .remove(0);
     let stored: pgvector::Vector = sqlx::query_scalar(
         "SELECT span_embedding FROM memory_messages WHERE message_id = 'dana-4'",
     )
@@ -1496,10 +1504,7 @@ async fn a_long_span_keeps_its_own_message(pool: PgPool) {
     let all: Vec<String> = lines.iter().map(|(s, t)| format!("{s}: {t}")).collect();
     // The span must not fit, or the test shows nothing.
     let words: usize = all.iter().map(|l| l.split_whitespace().count()).sum();
-    assert!(
-        words > kvmem::memory::embed::MAX_TOKENS,
-        "{words} words fit the window"
-    );
+    assert!(words > embedder().window(), "{words} words fit the window");
     let span = |id: &'static str| {
         let pool = pool.clone();
         async move {
@@ -1520,7 +1525,7 @@ async fn a_long_span_keeps_its_own_message(pool: PgPool) {
     let same = dot(&with_it, &before_it);
     assert!(same < 0.99, "the two spans embed alike: cosine {same}");
     let alone = embedder()
-        .embed(&[format!("Pri: {last}")])
+        .embed(&[format!("Pri: {last}")], Role::Passage)
         .unwrap()
         .remove(0);
     let (mine, theirs) = (dot(&alone, &with_it), dot(&alone, &before_it));

@@ -2,7 +2,8 @@
 -- (autocommit read). Character filter per seed 001; guild is a hard scope.
 SELECT id, user_id, character_id, guild_id, channel_id, subject, kind, fact_type, text,
        entity_refs, entity_label, importance, pinned, memory_key, source, status, confidence,
-       evidence_text, source_message_ids, valid_from, valid_to, created_at, embedding
+       evidence_text, source_message_ids, valid_from, valid_to, created_at, embedding,
+       embed_model
   FROM memories
  WHERE user_id = $1
    AND ($2::bigint IS NULL OR character_id = $2 OR character_id IS NULL)

@@ -1,4 +1,5 @@
--- Messages still without a span vector, oldest first, each with its span: the message and
+-- Messages without a span vector (with $5, also those whose span vector is not of model $4:
+-- reindex after a switch), oldest first, each with its span: the message and
 -- up to four before it in its session, "Speaker: text" oldest first ($1 NULL = every
 -- user; ids above $2; $3 rows). Autocommit read.
 SELECT m.id, s.span
@@ -11,6 +12,6 @@ SELECT m.id, s.span
                   AND (q.at, q.id) <= (m.at, m.id)
                 ORDER BY q.at DESC, q.id DESC
                 LIMIT 5) AS p) AS s
- WHERE m.span_embedding IS NULL AND ($1::text IS NULL OR m.user_id = $1) AND m.id > $2
+ WHERE (m.span_embedding IS NULL OR ($5 AND m.span_embed_model IS DISTINCT FROM $4)) AND ($1::text IS NULL OR m.user_id = $1) AND m.id > $2
  ORDER BY m.id
  LIMIT $3

@@ -1,7 +1,10 @@
-//! Sentence embeddings on llama.cpp (all-MiniLM-L6-v2 as a BERT GGUF, mean pooling), so
-//! semantic retrieval runs locally next to the chat model without another service.
+//! Sentence embeddings on llama.cpp (a BERT-family GGUF with mean pooling: all-MiniLM-L6-v2
+//! or multilingual-e5-small), so semantic retrieval runs locally next to the chat model
+//! without another service. Every vector carries the id of the file that made it, so a
+//! query is never compared with another model's vectors.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -12,6 +15,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+use sha2::{Digest, Sha256};
 
 /// Tokens per encode call: every sequence of a non-causal batch must fit one ubatch. Not
 /// more: llama.cpp computes attention over the whole ubatch and masks across sequences,
@@ -25,16 +29,34 @@ const BATCH_SEQS: usize = 32;
 /// 16 / 719 ms p50 / p95 for one query where one thread took 9 / 15 ms, side by side in one
 /// run (issue 33).
 const QUERY_THREADS: i32 = 1;
-/// MiniLM was trained on 128 word pieces and knows 512 positions; longer text is cut.
-pub const MAX_TOKENS: usize = 256;
+/// The window of a model whose file names none: all-MiniLM-L6-v2's (sentence-transformers
+/// cuts its input at 256 word pieces; it was trained on 128).
+pub const DEFAULT_WINDOW: usize = 256;
+/// GGUF keys a converter may add (ops/convert_e5.py does): the prefix the model was trained
+/// with on each side of a search, and its window in tokens.
+const QUERY_PREFIX_KEY: &str = "kvmem.embed.query_prefix";
+const PASSAGE_PREFIX_KEY: &str = "kvmem.embed.passage_prefix";
+const WINDOW_KEY: &str = "kvmem.embed.max_tokens";
+/// Hex digits of the file's sha256 that name a model in the database.
+const ID_HEX: usize = 16;
 
-/// Which end of a text longer than [`MAX_TOKENS`] is embedded. A message's key starts with
-/// the message (its context follows), so the start; a span ends with its own message (the
-/// turns before it come first), so the end.
+/// Which end of a text longer than the model's window is embedded. A message's key starts
+/// with the message (its context follows), so the start; a span ends with its own message
+/// (the turns before it come first), so the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Keep {
     Start,
     End,
+}
+
+/// Which side of a search a text is on. Asymmetric models (e5) were trained with a prefix
+/// on each side; for the others both sides are the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A question asked of the memory (a search's query).
+    Query,
+    /// Something stored to be found (a message's key, a span, a fact, a memory line).
+    Passage,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +77,15 @@ pub struct Embedder {
     ctx: Mutex<LlamaContext<'static>>,
     query: Mutex<LlamaContext<'static>>,
     pub dims: usize,
-    /// `file-name` of the model: stored with each vector so a model change is visible.
+    /// The file's name, for messages and the CLI.
     pub name: String,
+    /// The first 16 hex digits of the file's sha256: stored with each vector; a query is
+    /// compared only with vectors of its own id.
+    pub id: String,
+    query_prefix: String,
+    passage_prefix: String,
+    /// Tokens a text may have, [BOS] and [EOS] included.
+    window: usize,
 }
 
 /// The models this process has loaded, by file: llama.cpp models are leaked (they live as
@@ -106,11 +135,18 @@ impl Embedder {
         if !path.exists() {
             return Err(err("file does not exist".into()));
         }
+        let id = file_id(path).map_err(|e| err(format!("reading it for its sha256: {e}")))?;
         let backend = crate::engine::backend().map_err(|e| err(e.to_string()))?;
         let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
             .map_err(|e| err(format!("llama.cpp could not load it: {e}")))?;
         // Loaded once per process, like the chat model.
         let model: &'static LlamaModel = Box::leak(Box::new(model));
+        let meta = |key: &str| model.meta_val_str(key).ok();
+        let window = meta(WINDOW_KEY)
+            .and_then(|w| w.parse::<usize>().ok())
+            .unwrap_or(DEFAULT_WINDOW)
+            .min(model.n_ctx_train() as usize)
+            .min(BATCH_TOKENS);
         let context = |tokens: usize, seqs: usize, threads: i32| {
             let params = LlamaContextParams::default()
                 .with_n_ctx(NonZeroU32::new(tokens as u32))
@@ -127,61 +163,132 @@ impl Embedder {
                 .map_err(|e| err(format!("context: {e}")))
         };
         let ctx = context(BATCH_TOKENS, BATCH_SEQS, n_threads)?;
-        let query = context(MAX_TOKENS, 1, QUERY_THREADS)?;
-        let dims = model.n_embd() as usize;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let query = context(window, 1, QUERY_THREADS)?;
         Ok(Embedder {
             model,
             ctx: Mutex::new(ctx),
             query: Mutex::new(query),
-            dims,
-            name,
+            dims: model.n_embd() as usize,
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            id,
+            query_prefix: meta(QUERY_PREFIX_KEY).unwrap_or_default(),
+            passage_prefix: meta(PASSAGE_PREFIX_KEY).unwrap_or_default(),
+            window,
         })
     }
 
-    fn tokens(&self, text: &str, keep: Keep) -> Vec<LlamaToken> {
-        let mut t = self.model.vocab().tokenize(text.as_bytes(), true, false);
-        if t.len() > MAX_TOKENS {
+    /// Tokens a text may have, [BOS] and [EOS] included.
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// The token ids a text is embedded as: the model's prefix for `role` before it, its
+    /// whitespace runs made single spaces ([`canonical`]), cut to the window.
+    pub fn token_ids(&self, text: &str, role: Role, keep: Keep) -> Vec<LlamaToken> {
+        let prefix = match role {
+            Role::Query => self.query_prefix.as_str(),
+            Role::Passage => self.passage_prefix.as_str(),
+        };
+        let tokenize = |s: &str| self.model.vocab().tokenize(s.as_bytes(), true, false);
+        let mut t = tokenize(&canonical(&format!("{prefix}{text}")));
+        if t.len() > self.window {
             match keep {
                 Keep::Start => {
                     let last = *t.last().expect("non-empty");
-                    t.truncate(MAX_TOKENS - 1);
+                    t.truncate(self.window - 1);
                     t.push(last);
                 }
-                // The first token ([CLS]) and the last MAX_TOKENS - 1, which end with [SEP].
+                // [BOS] and the prefix, then the last tokens, which end with [EOS].
                 Keep::End => {
-                    t.drain(1..t.len() - (MAX_TOKENS - 1));
+                    let head = 1 + self.prefix_len(prefix, &t[1..]);
+                    t.drain(head..t.len() - (self.window - head));
                 }
             }
         }
         if t.is_empty() {
-            t = self.model.vocab().tokenize(b" ", true, false);
+            t = tokenize(" ");
         }
         t
+    }
+
+    /// How many of `tokens`' first tokens spell `prefix` on its own (0 when there is none).
+    fn prefix_len(&self, prefix: &str, tokens: &[LlamaToken]) -> usize {
+        let own = self.model.vocab().tokenize(prefix.as_bytes(), false, false);
+        let n = own.len().min(tokens.len());
+        let same = own.iter().zip(tokens).take_while(|(a, b)| a == b).count();
+        if same == n {
+            n
+        } else {
+            0
+        }
     }
 
     /// L2-normalised vectors, one per text, in order. Several texts share each encode
     /// call: per-call overhead dominates for short chat messages. A single text (a
     /// search's query) goes to the one-thread context: the same vector (the probe of
     /// issue 33 compared them bit for bit), without waiting on a batch in progress.
-    pub fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>> {
-        self.embed_keeping(texts, Keep::Start)
+    pub fn embed(&self, texts: &[String], role: Role) -> Result<Vec<Vec<f32>>> {
+        self.embed_keeping(texts, role, Keep::Start)
     }
 
     /// [`Embedder::embed`], keeping `keep`'s end of a text longer than the model's window.
-    pub fn embed_keeping(&self, texts: &[String], keep: Keep) -> Result<Vec<Vec<f32>>> {
-        let toks: Vec<Vec<LlamaToken>> = texts.iter().map(|t| self.tokens(t, keep)).collect();
+    pub fn embed_keeping(&self, texts: &[String], role: Role, keep: Keep) -> Result<Vec<Vec<f32>>> {
+        let toks: Vec<Vec<LlamaToken>> = texts
+            .iter()
+            .map(|t| self.token_ids(t, role, keep))
+            .collect();
         let poisoned = |_| EmbedError::Llama("embedder poisoned by an earlier panic".into());
         if let [one] = toks.as_slice() {
             let mut ctx = self.query.lock().map_err(poisoned)?;
-            return encode(&mut ctx, std::slice::from_ref(one), MAX_TOKENS, 1);
+            return encode(&mut ctx, std::slice::from_ref(one), self.window, 1);
         }
         let mut ctx = self.ctx.lock().map_err(poisoned)?;
         encode(&mut ctx, &toks, BATCH_TOKENS, BATCH_SEQS)
     }
+}
+
+/// Each run of whitespace made one space, and none at the start. What a text says does not
+/// depend on its layout. e5's own engine (like HF's tokenizer) collapses runs of spaces but
+/// keeps a trailing one as a token; its GGUF leaves whitespace to kvmem, so that this rule
+/// gives llama.cpp the same pieces. WordPiece models (MiniLM) ignore whitespace anyway.
+pub fn canonical(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut space = false;
+    for c in text.trim_start().chars() {
+        if c.is_whitespace() {
+            space = true;
+            continue;
+        }
+        if space {
+            out.push(' ');
+            space = false;
+        }
+        out.push(c);
+    }
+    if space {
+        out.push(' ');
+    }
+    out
+}
+
+/// The first [`ID_HEX`] hex digits of the file's sha256.
+fn file_id(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    let mut id = hex::encode(h.finalize());
+    id.truncate(ID_HEX);
+    Ok(id)
 }
 
 /// Encodes `toks` in calls of at most `seqs` sequences and `tokens` tokens each.

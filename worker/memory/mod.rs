@@ -264,8 +264,8 @@ impl MemoryService {
 
     /// Embeds on a blocking thread; `None` when there is no embedder or it failed (the
     /// failure is recorded as an event and the caller continues lexically).
-    pub async fn embed(&self, texts: Vec<String>) -> Option<Vec<Vec<f32>>> {
-        self.embed_keeping(texts, embed::Keep::Start).await
+    pub async fn embed(&self, texts: Vec<String>, role: embed::Role) -> Option<Vec<Vec<f32>>> {
+        self.embed_keeping(texts, role, embed::Keep::Start).await
     }
 
     /// [`MemoryService::embed`], keeping `keep`'s end of a text longer than the model's
@@ -273,37 +273,37 @@ impl MemoryService {
     pub async fn embed_keeping(
         &self,
         texts: Vec<String>,
+        role: embed::Role,
         keep: embed::Keep,
     ) -> Option<Vec<Vec<f32>>> {
         let embedder = self.embedder.clone()?;
         if texts.is_empty() {
             return Some(Vec::new());
         }
-        let res = tokio::task::spawn_blocking(move || embedder.embed_keeping(&texts, keep)).await;
-        match res {
-            Ok(Ok(v)) => Some(v),
-            Ok(Err(e)) => {
-                event(&self.pool, "memory_embedding_error", &e.to_string(), None).await;
-                None
-            }
-            Err(e) => {
-                event(&self.pool, "memory_embedding_error", &e.to_string(), None).await;
-                None
-            }
-        }
+        let res =
+            tokio::task::spawn_blocking(move || embedder.embed_keeping(&texts, role, keep)).await;
+        let problem = match res {
+            Ok(Ok(v)) => return Some(v),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        event(&self.pool, "memory_embedding_error", &problem, None).await;
+        None
     }
 
     /// Gives a memory about to be written its vector, when there is an embedder (without
     /// one it is written lexical-only and `kvmem memory reindex` backfills it).
     pub async fn embed_memory(&self, m: &mut store::NewMemory) {
-        if let Some(v) = self.embed(vec![m.embed_text()]).await {
+        if let Some(v) = self.embed(vec![m.embed_text()], embed::Role::Passage).await {
             m.embedding = v.into_iter().next();
-            m.embed_model = self.model_name().map(str::to_string);
+            m.embed_model = self.model_id().map(str::to_string);
         }
     }
 
-    pub fn model_name(&self) -> Option<&str> {
-        self.embedder.as_deref().map(|e| e.name.as_str())
+    /// The id stored with the vectors this service makes (the embedder file's sha256
+    /// prefix); `None` without an embedder.
+    pub fn model_id(&self) -> Option<&str> {
+        self.embedder.as_deref().map(|e| e.id.as_str())
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::memory::embed::Role;
 use crate::memory::search::cards;
 use crate::memory::search::{self, HitKind, SearchRequest};
 use crate::memory::store::Scope;
@@ -154,7 +155,8 @@ async fn about_the_message(
     // The search's own query vector: the message is not embedded a second time.
     let vectors = match q {
         Some(_) if lines.iter().any(Option::is_some) => {
-            svc.embed(lines.iter().flatten().cloned().collect()).await
+            svc.embed(lines.iter().flatten().cloned().collect(), Role::Passage)
+                .await
         }
         _ => None,
     };

@@ -53,13 +53,7 @@ fn request(q: &EvalQuestion, ranker: RankerKind, use_as_of: bool) -> SearchReque
     }
 }
 
-// Long: read, check and score the question file, then print: a command's whole run, used only by `memory eval`.
-pub(super) async fn eval(
-    svc: &MemoryService,
-    path: &std::path::Path,
-    rankers: &[RankerKind],
-    use_as_of: bool,
-) -> Result<()> {
+fn questions(path: &std::path::Path) -> Result<Vec<EvalQuestion>> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| MemoryError::Invalid(format!("cannot read {}: {e}", path.display())))?;
     let mut qs: Vec<EvalQuestion> = Vec::new();
@@ -73,6 +67,52 @@ pub(super) async fn eval(
                 .map_err(|e| MemoryError::Invalid(format!("line {}: {e}", i + 1)))?,
         );
     }
+    Ok(qs)
+}
+
+/// Writes each question's candidates (every leg's, before any ranking) with their signals,
+/// one JSON line per question, for fitting a ranker outside kvmem on the same candidates
+/// the search ranks.
+pub(super) async fn dump(
+    svc: &MemoryService,
+    path: &std::path::Path,
+    use_as_of: bool,
+    out: &std::path::Path,
+) -> Result<()> {
+    use std::io::Write;
+    let qs = questions(path)?;
+    let file = std::fs::File::create(out)
+        .map_err(|e| MemoryError::Invalid(format!("cannot write {}: {e}", out.display())))?;
+    let mut w = std::io::BufWriter::new(file);
+    for q in &qs {
+        let g = search::gather(svc, &request(q, RankerKind::Hybrid, use_as_of)).await?;
+        let candidates: Vec<serde_json::Value> = g
+            .candidates
+            .iter()
+            .map(|(h, s)| {
+                serde_json::json!({"id": h.id, "kind": h.kind, "sources": h.source_message_ids,
+                    "session_id": h.session_id, "speaker": h.speaker, "at": h.at, "signals": s,
+                    "dedupe_key": crate::memory::store::normalise_text(&h.text)})
+            })
+            .collect();
+        let line = serde_json::json!({"user_id": q.user_id, "question": q.question,
+            "type": q.r#type, "evidence": q.evidence, "now": g.now, "candidates": candidates});
+        writeln!(w, "{line}")
+            .map_err(|e| MemoryError::Invalid(format!("cannot write {}: {e}", out.display())))?;
+    }
+    w.flush()
+        .map_err(|e| MemoryError::Invalid(format!("cannot write {}: {e}", out.display())))?;
+    Ok(())
+}
+
+// Long: score the question file with each ranker, then print: a command's whole run, used only by `memory eval`.
+pub(super) async fn eval(
+    svc: &MemoryService,
+    path: &std::path::Path,
+    rankers: &[RankerKind],
+    use_as_of: bool,
+) -> Result<()> {
+    let qs = questions(path)?;
     let mut types: Vec<String> = qs.iter().filter_map(|q| q.r#type.clone()).collect();
     types.sort();
     types.dedup();

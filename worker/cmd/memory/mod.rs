@@ -158,7 +158,9 @@ pub enum MemoryCommand {
         #[command(flatten)]
         scope: ScopeArgs,
     },
-    /// Fill every missing message vector.
+    /// Give every message, span and fact a vector of the configured embedder: the first
+    /// fill, or after a switch of model (searches leave the old model's vectors out until
+    /// then). Shows a progress bar; a run that stops resumes where it was.
     Reindex {
         #[arg(long)]
         user: Option<String>,
@@ -193,6 +195,10 @@ pub enum MemoryCommand {
         /// Use each question's as_of (the end of its conversation) as --as-of.
         #[arg(long)]
         as_of: bool,
+        /// Also write every question's candidates, unranked, with the signals a ranker
+        /// reads (JSON lines), for fitting a ranker outside kvmem.
+        #[arg(long)]
+        dump: Option<PathBuf>,
     },
 }
 
@@ -345,7 +351,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
         }
         MemoryCommand::Reindex { user } => {
             let n = import::reindex(&svc, user.as_deref(), true).await?;
-            println!("reindexed {n} message(s)");
+            println!("reindexed {n} vector(s)");
         }
         MemoryCommand::Entities {
             user,
@@ -357,12 +363,16 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             questions,
             rankers,
             as_of,
+            dump,
         } => {
             let rankers: Vec<RankerKind> = rankers
                 .iter()
                 .map(|r| RankerKind::parse(r))
                 .collect::<std::result::Result<_, _>>()?;
             eval::eval(&svc, &questions, &rankers, as_of).await?;
+            if let Some(out) = dump {
+                eval::dump(&svc, &questions, as_of, &out).await?;
+            }
         }
         MemoryCommand::Work => work(pool, &settings).await?,
     }

@@ -11,7 +11,9 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 
+use crate::memory::embed::{to_bytes, Role};
 use crate::memory::search::{message_key, spans};
+use crate::memory::store::embed_text;
 use crate::memory::{MemoryError, MemoryService, Result};
 
 /// Lines per transaction (and per embedding call group).
@@ -297,7 +299,7 @@ async fn import_chunk(
     let vecs = if texts.is_empty() {
         None
     } else {
-        svc.embed(texts).await
+        svc.embed(texts, Role::Passage).await
     };
     let (fresh_vecs, back_vecs): (Vec<Option<Vector>>, Vec<Vector>) = match &vecs {
         Some(v) => (
@@ -341,14 +343,14 @@ async fn import_chunk(
         .bind(fresh.iter().map(|l| l.at).collect::<Vec<_>>())
         .bind(fresh.iter().map(|l| l.context.clone()).collect::<Vec<_>>())
         .bind(&fresh_vecs)
-        .bind(vecs.as_ref().and(svc.model_name()))
+        .bind(vecs.as_ref().and(svc.model_id()))
         .fetch_all(&mut *tx)
         .await?;
     if !back_vecs.is_empty() {
         sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(missing.iter().map(|m| m.0).collect::<Vec<_>>())
             .bind(&back_vecs)
-            .bind(svc.model_name())
+            .bind(svc.model_id())
             .execute(&mut *tx)
             .await?;
     }
@@ -359,7 +361,7 @@ async fn import_chunk(
     Ok((inserted, chunk.len() - inserted, embedded, back_vecs.len()))
 }
 
-/// A message still without a vector.
+/// A message without a vector of the current model.
 #[derive(sqlx::FromRow)]
 struct Unembedded {
     id: i64,
@@ -368,19 +370,61 @@ struct Unembedded {
     context: Option<String>,
 }
 
-/// Fills every missing message vector and span vector (`kvmem memory reindex`); returns how
-/// many vectors it wrote.
+/// A fact without a vector of the current model.
+#[derive(sqlx::FromRow)]
+struct UnembeddedFact {
+    id: i64,
+    fact_type: String,
+    text: String,
+    evidence_text: Option<String>,
+}
+
+/// Gives every message, span and fact of `user` (all users: `None`) without a vector of the
+/// current model one (`kvmem memory reindex`): the first fill, and after a switch of
+/// embedder the vectors of the old model, which searches leave out until then. Each chunk
+/// commits on its own, so a run that stops resumes where it was. Returns how many vectors
+/// it wrote.
 pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) -> Result<usize> {
-    if svc.embedder.is_none() {
+    let Some(model) = svc.model_id() else {
         return Err(MemoryError::Invalid(
-            "no embedder loaded: set memory_embed_model_path to the MiniLM GGUF".into(),
+            "no embedder loaded: set memory_embed_model_path to an embedder GGUF (ops/fetch-embedder)"
+                .into(),
         ));
-    }
+    };
+    let (messages, spans_todo, facts): (i64, i64, i64) =
+        sqlx::query_as(include_str!("../../../sql/memory/reindex_todo.sql"))
+            .bind(user)
+            .bind(model)
+            .fetch_one(&svc.pool)
+            .await?;
     let bar = if progress {
-        indicatif::ProgressBar::new_spinner()
+        let bar = indicatif::ProgressBar::new((messages + spans_todo + facts).max(0) as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>8} [{bar:40}] {pos}/{len} vectors, {per_sec}, {eta} left",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar
     } else {
         indicatif::ProgressBar::hidden()
     };
+    bar.set_message("messages");
+    let mut done = reindex_messages(svc, user, &bar).await?;
+    bar.set_message("spans");
+    done += spans::fill_counting(svc, user, None, true, &|n| bar.inc(n as u64)).await?;
+    bar.set_message("facts");
+    done += reindex_facts(svc, user, &bar).await?;
+    bar.finish_and_clear();
+    Ok(done)
+}
+
+async fn reindex_messages(
+    svc: &MemoryService,
+    user: Option<&str>,
+    bar: &indicatif::ProgressBar,
+) -> Result<usize> {
     let mut after = 0i64;
     let mut done = 0;
     loop {
@@ -390,35 +434,74 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
         .bind(user)
         .bind(after)
         .bind(CHUNK as i64)
+        .bind(svc.model_id())
         .fetch_all(&svc.pool)
         .await?;
-        if rows.is_empty() {
-            break;
-        }
+        let Some(last) = rows.last() else {
+            return Ok(done);
+        };
+        after = last.id;
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        after = *ids.last().expect("non-empty");
         let texts = rows
             .iter()
             .map(|r| message_key(&r.speaker, &r.text, r.context.as_deref()))
             .collect();
         let vecs = svc
-            .embed(texts)
+            .embed(texts, Role::Passage)
             .await
             .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
         let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
         sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(&ids)
             .bind(&vectors)
-            .bind(svc.model_name())
+            .bind(svc.model_id())
             .execute(&svc.pool)
             .await?;
         done += ids.len();
-        bar.set_message(format!("{done} vectors"));
-        bar.tick();
+        bar.inc(ids.len() as u64);
     }
-    done += spans::fill(svc, user, None).await?;
-    bar.finish_and_clear();
-    Ok(done)
+}
+
+async fn reindex_facts(
+    svc: &MemoryService,
+    user: Option<&str>,
+    bar: &indicatif::ProgressBar,
+) -> Result<usize> {
+    let mut after = 0i64;
+    let mut done = 0;
+    loop {
+        let rows = sqlx::query_as::<_, UnembeddedFact>(include_str!(
+            "../../../sql/memory/unembedded_memories.sql"
+        ))
+        .bind(user)
+        .bind(after)
+        .bind(CHUNK as i64)
+        .bind(svc.model_id())
+        .fetch_all(&svc.pool)
+        .await?;
+        let Some(last) = rows.last() else {
+            return Ok(done);
+        };
+        after = last.id;
+        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+        let texts = rows
+            .iter()
+            .map(|r| embed_text(&r.fact_type, &r.text, r.evidence_text.as_deref()))
+            .collect();
+        let vecs = svc
+            .embed(texts, Role::Passage)
+            .await
+            .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
+        let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| to_bytes(v)).collect();
+        sqlx::query(include_str!("../../../sql/memory/set_memory_vectors.sql"))
+            .bind(&ids)
+            .bind(&bytes)
+            .bind(svc.model_id())
+            .execute(&svc.pool)
+            .await?;
+        done += ids.len();
+        bar.inc(ids.len() as u64);
+    }
 }
 
 #[cfg(test)]

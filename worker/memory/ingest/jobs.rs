@@ -8,12 +8,13 @@ use sqlx::PgPool;
 
 use crate::lane::{self, Claim, Job, Lane, Step};
 
+use crate::memory::embed::{self, Role};
 use crate::memory::notes::blob::rebuild_blob;
 use crate::memory::notes::todos;
 use crate::memory::notes::{about, lore};
 use crate::memory::search::{content_words, message_key, overlap, spans};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use crate::memory::{embed, event, job_text, ExtractedFact, MemoryError, MemoryService, Result};
+use crate::memory::{event, job_text, ExtractedFact, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;
@@ -214,11 +215,11 @@ async fn embed_message(
     result: &mut Value,
 ) -> Result<()> {
     let key = message_key(&m.speaker, &m.text, m.context.as_deref());
-    if let Some(v) = svc.embed(vec![key]).await {
+    if let Some(v) = svc.embed(vec![key], Role::Passage).await {
         sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(vec![mid])
             .bind(vec![pgvector::Vector::from(v[0].clone())])
-            .bind(svc.model_name())
+            .bind(svc.model_id())
             .execute(&svc.pool)
             .await?;
         result["embedded"] = json!(true);
@@ -336,8 +337,9 @@ pub async fn forget_matches(
 ) -> Result<Vec<store::Memory>> {
     let facts = store::facts(&svc.pool, scope, None, 5000).await?;
     let words = content_words(text);
-    let qv = if facts.iter().any(|f| f.embedding.is_some()) {
-        svc.embed(vec![store::embed_text("other", text, None)])
+    let model = svc.model_id();
+    let qv = if facts.iter().any(|f| f.vector_of(model).is_some()) {
+        svc.embed(vec![store::embed_text("other", text, None)], Role::Query)
             .await
             .and_then(|mut v| v.pop())
     } else {
@@ -347,7 +349,7 @@ pub async fn forget_matches(
         .into_iter()
         .filter(|f| {
             let lex = overlap(&words, text, &f.text);
-            let cos = match (&qv, &f.embedding) {
+            let cos = match (&qv, f.vector_of(model)) {
                 (Some(q), Some(b)) => embed::dot_bytes(q, b) as f64,
                 _ => 0.0,
             };
@@ -387,7 +389,8 @@ pub async fn curate(svc: &MemoryService, scope: &Scope) -> Result<Vec<i64>> {
             let inter = wi.iter().filter(|w| wj.contains(w)).count() as f64;
             let union = (wi.len() + wj.len()) as f64 - inter;
             let jacc = if union > 0.0 { inter / union } else { 0.0 };
-            let cos = match (&facts[i].embedding, &facts[j].embedding) {
+            let model = svc.model_id();
+            let cos = match (facts[i].vector_of(model), facts[j].vector_of(model)) {
                 (Some(a), Some(b)) => {
                     embed::dot(&embed::from_bytes(a), &embed::from_bytes(b)) as f64
                 }

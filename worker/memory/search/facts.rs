@@ -1,23 +1,21 @@
 //! The extracted facts as hits: each scored by the request's ranker against the query,
 //! with the vectors a fact lacks filled in on the way.
 
-use chrono::{DateTime, Utc};
-
-use super::super::{embed, store, MemoryService, RankerKind, Result};
+use super::super::{embed, store, MemoryService, Result};
 use super::rank::{self, Signals};
 use super::rows::channel_score;
 use super::vector::{embed_missing, store_backfill};
 use super::words::overlap;
 use super::{ranks, Hit, HitKind, SearchRequest, FACT_CANDIDATES, VECTOR_CANDIDATES};
 
-// Long: the fact leg's scoring: two orders, their ranks and the fused score share every local.
-pub(super) async fn memory_hits(
+/// The extracted facts' candidates, each with what the ranker reads.
+// Long: two orders, their ranks and each fact's signals share every local.
+pub(super) async fn fact_candidates(
     svc: &MemoryService,
     req: &SearchRequest,
-    now: DateTime<Utc>,
     qwords: &[String],
     qvec: Option<&[f32]>,
-) -> Result<Vec<Hit>> {
+) -> Result<Vec<(Hit, Signals)>> {
     let mut facts = store::facts(&svc.pool, &req.scope, req.as_of, FACT_CANDIDATES).await?;
     if facts.is_empty() {
         return Ok(Vec::new());
@@ -40,7 +38,7 @@ pub(super) async fn memory_hits(
         .collect();
     let sem: Vec<Option<f64>> = facts
         .iter()
-        .map(|f| match (qvec, &f.embedding) {
+        .map(|f| match (qvec, f.vector_of(svc.model_id())) {
             (Some(q), Some(b)) => Some(embed::dot_bytes(q, b) as f64),
             _ => None,
         })
@@ -63,7 +61,7 @@ pub(super) async fn memory_hits(
             .map(|f| f.entity_refs.clone())
             .collect::<Vec<_>>(),
     );
-    let mut hits = Vec::new();
+    let mut out = Vec::new();
     for (i, f) in facts.into_iter().enumerate() {
         if !lr.contains_key(&i) && !vr.contains_key(&i) {
             continue;
@@ -85,30 +83,27 @@ pub(super) async fn memory_hits(
             bm25: lex[i],
             voice: None,
         };
-        let scored = rank::score(req.ranker, &s, now);
-        if req.strict && !scored.passes_gate {
-            continue;
-        }
-        if req.ranker == RankerKind::Lexical && s.lexical_rank.is_none() {
-            continue;
-        }
-        hits.push(Hit {
+        let hit = Hit {
             kind: HitKind::Memory,
             id: format!("memory:{}", f.id),
             text: f.text,
-            score: scored.score,
-            components: scored.components,
+            score: 0.0,
+            components: Default::default(),
             source_message_ids: f.source_message_ids,
             session_id: None,
             speaker: None,
             at: Some(f.valid_from),
             entity_refs: f.entity_refs,
-        });
+        };
+        out.push((hit, s));
     }
-    Ok(hits)
+    Ok(out)
 }
 
+/// Fills a few facts that have no vector at all; another model's vector waits for
+/// `kvmem memory reindex` (the search then scores that fact lexically).
 pub(super) async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memory]) {
+    let model = svc.model_id();
     let missing = |f: &store::Memory| f.embedding.is_none();
     let text =
         |f: &store::Memory| store::embed_text(&f.fact_type, &f.text, f.evidence_text.as_deref());
@@ -119,6 +114,7 @@ pub(super) async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memo
     let ids: Vec<i64> = todo.iter().map(|&i| facts[i].id).collect();
     for (&i, b) in todo.iter().zip(&bytes) {
         facts[i].embedding = Some(b.clone());
+        facts[i].embed_model = model.map(str::to_string);
     }
     store_backfill(
         svc,

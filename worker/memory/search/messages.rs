@@ -3,9 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use chrono::{DateTime, Utc};
 use pgvector::Vector;
-use sqlx::PgPool;
 
 use super::super::{MemoryService, RankerKind, Result};
 use super::lexical::bm25_ids;
@@ -44,12 +42,12 @@ pub(super) struct Asked<'a> {
     pub(super) exact: bool,
 }
 
-pub(super) async fn message_hits(
+/// The dialogue's candidates, each with what the ranker reads.
+pub(super) async fn message_candidates(
     svc: &MemoryService,
     req: &SearchRequest,
-    now: DateTime<Utc>,
     asked: &Asked<'_>,
-) -> Result<Vec<Hit>> {
+) -> Result<Vec<(Hit, Signals)>> {
     let pool = &svc.pool;
     let scope = &req.scope;
     let (window, qwords, qvec, voice) = (asked.window, asked.words, asked.vector, asked.voice);
@@ -72,7 +70,7 @@ pub(super) async fn message_hits(
     .await?;
     let mut cos: HashMap<i64, f64> = vector.iter().copied().collect();
     let window_list = match window {
-        Some(w) => window_leg(pool, req, w, qwords, qv.as_ref(), &mut cos).await?,
+        Some(w) => window_leg(svc, req, w, qwords, qv.as_ref(), &mut cos).await?,
         None => Vec::new(),
     };
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
@@ -90,7 +88,8 @@ pub(super) async fn message_hits(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref()).await?;
+    let model = svc.model_id();
+    let mut rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref(), model).await?;
     take_cosines(&rows, &[&lex_order, &span_members], &mut cos);
     // Seed 002's backfill: a few candidates without vectors get one now.
     if let Some(q) = qvec {
@@ -98,7 +97,8 @@ pub(super) async fn message_hits(
     }
     let voice_cos = match (voice, &vv) {
         (Some((speaker, _)), Some(v)) => {
-            voice_cosines(pool, &scope.user_id, speaker, v, voiced, &rows).await?
+            let who = (scope.user_id.as_str(), speaker);
+            voice_cosines(svc, who, v, voiced, &rows).await?
         }
         _ => HashMap::new(),
     };
@@ -111,11 +111,10 @@ pub(super) async fn message_hits(
         voice: voice_cos,
     };
     let semantic = qvec.is_some().then_some(&cos);
-    let scored = score_rows(req, now, window, qwords, semantic, &legs, rows);
-    Ok(scored
+    Ok(signals(req, window, qwords, semantic, &legs, rows)
         .into_iter()
         .filter(|(row, _)| req.skip_speaker.as_deref() != Some(row.speaker.as_str()))
-        .map(|(row, sc)| to_hit(row, sc))
+        .map(|(row, s)| (to_hit(row), s))
         .collect())
 }
 
@@ -140,13 +139,13 @@ fn union(lists: &[&[i64]]) -> Vec<i64> {
         .collect()
 }
 
-fn to_hit(row: MsgRow, sc: rank::Scored) -> Hit {
+fn to_hit(row: MsgRow) -> Hit {
     Hit {
         kind: HitKind::Message,
         id: row.message_id.clone(),
         text: row.text,
-        score: sc.score,
-        components: sc.components,
+        score: 0.0,
+        components: Default::default(),
         source_message_ids: vec![row.message_id],
         session_id: Some(row.session_id),
         speaker: Some(row.speaker),
@@ -213,9 +212,8 @@ async fn dense_legs(
 /// The voiced question's cosine with each of the named speaker's candidate turns (their
 /// turns only: the other speaker's words are not in that voice).
 async fn voice_cosines(
-    pool: &PgPool,
-    user: &str,
-    speaker: &str,
+    svc: &MemoryService,
+    (user, speaker): (&str, &str),
     v: &Vector,
     voiced: Vec<(i64, f64)>,
     rows: &[MsgRow],
@@ -226,14 +224,14 @@ async fn voice_cosines(
         .map(|r| r.id)
         .collect();
     let mut cos: HashMap<i64, f64> = voiced.into_iter().collect();
-    fill_cosines(pool, user, &theirs, Some(v), &mut cos).await?;
+    fill_cosines(svc, user, &theirs, Some(v), &mut cos).await?;
     cos.retain(|id, _| theirs.contains(id));
     Ok(cos)
 }
 
 /// The query's cosine for those of `ids` the vector list did not bring.
 async fn fill_cosines(
-    pool: &PgPool,
+    svc: &MemoryService,
     user: &str,
     ids: &[i64],
     qv: Option<&Vector>,
@@ -247,7 +245,7 @@ async fn fill_cosines(
         .filter(|id| !cos.contains_key(id))
         .copied()
         .collect();
-    cos.extend(cosines(pool, user, &need, q).await?);
+    cos.extend(cosines(&svc.pool, user, &need, q, svc.model_id()).await?);
     Ok(())
 }
 
@@ -255,14 +253,14 @@ async fn fill_cosines(
 /// its time phrase. "What did I do in May?" asks nothing beyond it: then the substantive
 /// statements of the window come first (content words, not questions).
 async fn window_leg(
-    pool: &PgPool,
+    svc: &MemoryService,
     req: &SearchRequest,
     w: &TimeWindow,
     qwords: &[String],
     qv: Option<&Vector>,
     cos: &mut HashMap<i64, f64>,
 ) -> Result<Vec<i64>> {
-    let scope = &req.scope;
+    let (pool, scope) = (&svc.pool, &req.scope);
     let in_win: Vec<i64> =
         sqlx::query_scalar(include_str!("../../../sql/memory/window_messages.sql"))
             .persistent(false)
@@ -274,7 +272,7 @@ async fn window_leg(
             .bind(w.end)
             .fetch_all(pool)
             .await?;
-    fill_cosines(pool, &scope.user_id, &in_win, qv, cos).await?;
+    fill_cosines(svc, &scope.user_id, &in_win, qv, cos).await?;
     let phrase: Vec<String> = content_words(&w.phrase);
     let rest: Vec<String> = qwords
         .iter()
@@ -283,7 +281,7 @@ async fn window_leg(
         })
         .cloned()
         .collect();
-    let rows = fetch_messages(pool, &scope.user_id, &in_win, None).await?;
+    let rows = fetch_messages(pool, &scope.user_id, &in_win, None, None).await?;
     let mut scored: Vec<(i64, f64)> = rows
         .iter()
         .map(|r| {
@@ -304,17 +302,15 @@ async fn window_leg(
         .collect())
 }
 
-/// Each candidate's signals, scored by the request's ranker; a candidate the ranker cannot
-/// score (or that fails the strict gate) is left out.
-fn score_rows(
+/// Each candidate's signals, for the request's ranker.
+fn signals(
     req: &SearchRequest,
-    now: DateTime<Utc>,
     window: Option<&TimeWindow>,
     qwords: &[String],
     semantic: Option<&HashMap<i64, f64>>,
     legs: &Legs,
     rows: Vec<MsgRow>,
-) -> Vec<(MsgRow, rank::Scored)> {
+) -> Vec<(MsgRow, Signals)> {
     let scope = &req.scope;
     let mut cands: Vec<(MsgRow, Signals)> = rows
         .into_iter()
@@ -344,19 +340,5 @@ fn score_rows(
     for ((_, s), f) in cands.iter_mut().zip(rank::entity_frequency(&ents)) {
         s.entity_freq = f;
     }
-    let mut scored: Vec<(MsgRow, rank::Scored)> = Vec::new();
-    for (row, s) in cands {
-        let sc = rank::score(req.ranker, &s, now);
-        if req.strict && !sc.passes_gate {
-            continue;
-        }
-        if req.ranker == RankerKind::Lexical && s.lexical_rank.is_none() {
-            continue;
-        }
-        if req.ranker == RankerKind::Vector && s.vector_rank.is_none() {
-            continue;
-        }
-        scored.push((row, sc));
-    }
-    scored
+    cands
 }

@@ -30,10 +30,12 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use self::timeq::TimeWindow;
+use super::embed::Role;
 use super::store::{self, Scope};
 use super::{MemoryError, MemoryService, RankerKind, Result};
-use facts::memory_hits;
-use messages::message_hits;
+use facts::fact_candidates;
+use messages::message_candidates;
+use rank::Signals;
 
 pub use voice::first_person;
 pub use words::{content_words, message_key, names, overlap, stem};
@@ -100,6 +102,12 @@ pub struct SearchResponse {
     pub as_of: Option<DateTime<Utc>>,
     /// False when no query vector could be made: scores are lexical only (seed 004).
     pub semantic: bool,
+    /// The embedder the query's vector came from (its file's sha256 prefix); only vectors
+    /// of the same model were compared with it.
+    pub vector_model: Option<String>,
+    /// The user's messages left out of the vector legs: no vector yet, or another model's
+    /// (`kvmem memory reindex` embeds them). The lexical legs still search them.
+    pub without_vector: i64,
     pub time_window: Option<TimeWindow>,
     pub hits: Vec<Hit>,
     /// The query's vector, for callers that compare other text with it (recall's gate)
@@ -127,8 +135,18 @@ async fn reference_time(
     Ok(latest.unwrap_or_else(Utc::now))
 }
 
-/// Runs a search. Embedder trouble never fails it: the query then scores lexically.
-pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchResponse> {
+/// Every candidate the legs found for a request, unranked: what [`search`] ranks, and what
+/// an evaluation reads to compare rankers on the same candidates.
+pub struct Gathered {
+    /// The time recency and windows are measured from.
+    pub now: DateTime<Utc>,
+    pub candidates: Vec<(Hit, Signals)>,
+    /// The response without its hits.
+    pub response: SearchResponse,
+}
+
+/// The legs of a search, run and joined, before any ranking.
+pub async fn gather(svc: &MemoryService, req: &SearchRequest) -> Result<Gathered> {
     req.scope.validate()?;
     if req.query.trim().is_empty() {
         return Err(MemoryError::Invalid("--query must not be empty".into()));
@@ -142,14 +160,14 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
     // The query's vector is made while Postgres finds the reference time, the speaker the
     // question names and the size of the user's history (exact or index): the model runs on
     // a blocking thread, so the round trips cost the search nothing.
-    let (now, qvec, speaker, exact) = tokio::join!(
+    let (now, qvec, speaker, history) = tokio::join!(
         reference_time(pool, &req.scope, req.as_of),
         async {
             // The lexical-only ranker needs no query vector: skip the model call.
             if req.ranker == RankerKind::Lexical {
                 return None;
             }
-            svc.embed(vec![req.query.clone()]).await?.pop()
+            svc.embed(vec![req.query.clone()], Role::Query).await?.pop()
         },
         async {
             match req.ranker {
@@ -159,15 +177,16 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
                 _ => Ok(None),
             }
         },
-        vector::search_exactly(svc, &req.scope.user_id)
+        vector::history(svc, &req.scope.user_id)
     );
+    let history = history?;
     let now = now?;
     let window = timeq::parse(&req.query, now);
     let qwords = content_words(&req.query);
     let voiced = match (speaker?, &qvec) {
         (Some(s), Some(_)) => {
             let text = first_person(&req.query, &s);
-            svc.embed(vec![text])
+            svc.embed(vec![text], Role::Query)
                 .await
                 .and_then(|mut v| v.pop())
                 .map(|v| (s, v))
@@ -179,26 +198,46 @@ pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchRe
         words: &qwords,
         vector: qvec.as_deref(),
         voice: voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice())),
-        exact: exact?,
+        exact: history.exact,
     };
 
     // The dialogue and the facts are separate tables on connections of their own.
-    let (mut hits, facts) = tokio::try_join!(
-        message_hits(svc, req, now, &asked),
-        memory_hits(svc, req, now, &qwords, qvec.as_deref())
+    let (mut candidates, facts) = tokio::try_join!(
+        message_candidates(svc, req, &asked),
+        fact_candidates(svc, req, &qwords, qvec.as_deref())
     )?;
-    hits.extend(facts);
-    hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
-    let hits = dedupe(hits, req.limit);
-    Ok(SearchResponse {
-        query: req.query.clone(),
-        ranker: req.ranker.as_str(),
-        as_of: req.as_of,
-        semantic: qvec.is_some(),
-        time_window: window,
-        hits,
-        query_vector: qvec,
+    candidates.extend(facts);
+    Ok(Gathered {
+        now,
+        candidates,
+        response: SearchResponse {
+            query: req.query.clone(),
+            ranker: req.ranker.as_str(),
+            as_of: req.as_of,
+            semantic: qvec.is_some(),
+            vector_model: svc
+                .model_id()
+                .filter(|_| qvec.is_some())
+                .map(str::to_string),
+            without_vector: history.without_vector,
+            time_window: window,
+            hits: Vec::new(),
+            query_vector: qvec,
+        },
     })
+}
+
+/// Runs a search. Embedder trouble never fails it: the query then scores lexically.
+pub async fn search(svc: &MemoryService, req: &SearchRequest) -> Result<SearchResponse> {
+    let Gathered {
+        now,
+        candidates,
+        mut response,
+    } = gather(svc, req).await?;
+    let mut hits = rank::rank(req.ranker, req.strict, now, candidates);
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.id.cmp(&b.id)));
+    response.hits = dedupe(hits, req.limit);
+    Ok(response)
 }
 
 /// Drops near-identical hits (same normalised text), keeping the better one.

@@ -5,11 +5,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
 
+use super::{Hit, HitKind};
 use crate::memory::RankerKind;
 
 /// What every ranker may look at for one candidate. Lists (lexical, vector) are ranks
 /// among all candidates, 0 = best; `None` = not in that list.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Signals {
     /// Rank in the BM25 list; list order for RRF.
     pub lexical_rank: Option<usize>,
@@ -176,6 +177,33 @@ pub fn score(kind: RankerKind, s: &Signals, now: DateTime<Utc>) -> Scored {
             }
         }
     }
+}
+
+/// Scores every candidate with `kind` and keeps those it may return: with `strict`, only
+/// those through its gate; the lexical and vector rankers only their own list's.
+pub fn rank(
+    kind: RankerKind,
+    strict: bool,
+    now: DateTime<Utc>,
+    candidates: Vec<(Hit, Signals)>,
+) -> Vec<Hit> {
+    candidates
+        .into_iter()
+        .filter_map(|(mut hit, s)| {
+            let scored = score(kind, &s, now);
+            let own_list = match kind {
+                RankerKind::Lexical => s.lexical_rank.is_some(),
+                RankerKind::Vector => s.vector_rank.is_some() || hit.kind == HitKind::Memory,
+                _ => true,
+            };
+            if (strict && !scored.passes_gate) || !own_list {
+                return None;
+            }
+            hit.score = scored.score;
+            hit.components = scored.components;
+            Some(hit)
+        })
+        .collect()
 }
 
 /// Seed 001's entity frequency: for each candidate, how often its most frequent entity

@@ -31,12 +31,13 @@ pub(super) struct MsgRow {
 }
 
 /// The rows of `ids` (the user's only), in the order of `ids`, each with its cosine to `q`
-/// when given.
+/// when given and the row's vector is of `model`.
 pub(super) async fn fetch_messages(
     pool: &PgPool,
     user: &str,
     ids: &[i64],
     q: Option<&Vector>,
+    model: Option<&str>,
 ) -> Result<Vec<MsgRow>> {
     let mut out =
         sqlx::query_as::<_, MsgRow>(include_str!("../../../sql/memory/messages_by_id.sql"))
@@ -44,6 +45,7 @@ pub(super) async fn fetch_messages(
             .bind(user)
             .bind(ids)
             .bind(q)
+            .bind(model)
             .fetch_all(pool)
             .await?;
     let pos = ranks(ids);

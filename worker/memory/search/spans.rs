@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use pgvector::Vector;
 
-use super::super::embed::{EmbedError, Keep};
+use super::super::embed::{EmbedError, Keep, Role};
 use super::super::{MemoryError, MemoryService, Result};
 use super::vector::nearest;
 use super::SearchRequest;
@@ -25,11 +25,23 @@ struct SpanText {
     span: String,
 }
 
-/// Gives messages of `user` (all users: `None`) that have none their span vector, oldest
+/// Gives messages of `user` (all users: `None`) that have no span vector theirs, oldest
 /// first, at most `max` of them (`None`: all); returns how many. Without an embedder it
 /// does nothing; a failed embedding stops the fill with `MemoryError::Embed` (the rows stay
 /// NULL for the next run).
 pub async fn fill(svc: &MemoryService, user: Option<&str>, max: Option<usize>) -> Result<usize> {
+    fill_counting(svc, user, max, false, &|_| ()).await
+}
+
+/// [`fill`], and with `other_models` also the spans another model embedded (reindex after a
+/// switch); tells `done_now` how many it stored after each round trip.
+pub async fn fill_counting(
+    svc: &MemoryService,
+    user: Option<&str>,
+    max: Option<usize>,
+    other_models: bool,
+    done_now: &(dyn Fn(usize) + Sync),
+) -> Result<usize> {
     if svc.embedder.is_none() {
         return Ok(0);
     }
@@ -45,6 +57,8 @@ pub async fn fill(svc: &MemoryService, user: Option<&str>, max: Option<usize>) -
                 .bind(user)
                 .bind(after)
                 .bind(left.min(FILL_CHUNK))
+                .bind(svc.model_id())
+                .bind(other_models)
                 .fetch_all(&svc.pool)
                 .await?;
         let Some(last) = rows.last() else {
@@ -54,18 +68,23 @@ pub async fn fill(svc: &MemoryService, user: Option<&str>, max: Option<usize>) -
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let texts: Vec<String> = rows.into_iter().map(|r| r.span).collect();
         // A long span is cut at its oldest turns: the message it belongs to is its end.
-        let vecs = svc.embed_keeping(texts, Keep::End).await.ok_or_else(|| {
-            MemoryError::Embed(EmbedError::Llama(
-                "span embedding failed (see memory events)".into(),
-            ))
-        })?;
+        let vecs = svc
+            .embed_keeping(texts, Role::Passage, Keep::End)
+            .await
+            .ok_or_else(|| {
+                MemoryError::Embed(EmbedError::Llama(
+                    "span embedding failed (see memory events)".into(),
+                ))
+            })?;
         let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
         sqlx::query(include_str!("../../../sql/memory/set_span_vectors.sql"))
             .bind(&ids)
             .bind(&vectors)
+            .bind(svc.model_id())
             .execute(&svc.pool)
             .await?;
         done += ids.len();
+        done_now(ids.len());
     }
 }
 

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use pgvector::Vector;
 use sqlx::PgPool;
 
-use super::super::{embed, MemoryService, Result};
+use super::super::embed::{self, Role};
+use super::super::{MemoryService, Result};
 use super::rows::MsgRow;
 use super::words::message_key;
 use super::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
@@ -16,7 +17,7 @@ use super::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
 pub(super) const EF_SEARCH: usize = 200;
 
 /// The vector leg: the user's nearest messages by cosine, best first: exactly for a user
-/// whose rows cost less to read than the filtered index scan ([`search_exactly`]), else
+/// whose rows cost less to read than the filtered index scan ([`history`]), else
 /// through the HNSW index.
 pub(super) async fn nearest_messages(
     svc: &MemoryService,
@@ -63,22 +64,35 @@ pub(super) async fn nearest(
         .bind(req.as_of)
         .bind(q)
         .bind(limit)
+        .bind(svc.model_id())
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
     Ok(rows)
 }
 
-/// Whether the user's history is small enough to compare every vector: cheaper than the
-/// index at that size, and exact.
-pub(super) async fn search_exactly(svc: &MemoryService, user: &str) -> Result<bool> {
-    let (size, indexed): (i64, f64) =
+/// What the vector legs will face in one user's history.
+pub(super) struct History {
+    /// Small enough to compare every vector: cheaper than the index at that size, and
+    /// exact.
+    pub(super) exact: bool,
+    /// Messages without a vector of the query's model (none yet, or another model's
+    /// before `kvmem memory reindex`): only the lexical legs can find them.
+    pub(super) without_vector: i64,
+}
+
+pub(super) async fn history(svc: &MemoryService, user: &str) -> Result<History> {
+    let (size, indexed, of_model): (i64, f64, i64) =
         sqlx::query_as(include_str!("../../../sql/memory/user_messages.sql"))
             .persistent(false)
             .bind(user)
+            .bind(svc.model_id())
             .fetch_one(&svc.pool)
             .await?;
-    Ok(exact_is_cheaper(size, indexed, svc.config.exact_search_max))
+    Ok(History {
+        exact: exact_is_cheaper(size, indexed, svc.config.exact_search_max),
+        without_vector: (size - of_model).max(0),
+    })
 }
 
 /// The exact scan reads each of the user's rows once; the filtered index scan passes over
@@ -101,12 +115,13 @@ fn exact_is_cheaper(size: i64, indexed: f64, max: i64) -> bool {
     size <= max as f64 || size * size <= EXACT_OVER_INDEX * indexed
 }
 
-/// The query's cosine with messages another leg brought in.
+/// The query's cosine with messages another leg brought in, where theirs is of `model`.
 pub(super) async fn cosines(
     pool: &PgPool,
     user: &str,
     ids: &[i64],
     q: &Vector,
+    model: Option<&str>,
 ) -> Result<Vec<(i64, f64)>> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -117,6 +132,7 @@ pub(super) async fn cosines(
             .bind(user)
             .bind(ids)
             .bind(q)
+            .bind(model)
             .fetch_all(pool)
             .await?,
     )
@@ -168,7 +184,7 @@ pub(super) async fn embed_missing<T>(
         return None;
     }
     let texts = todo.iter().map(|&i| text(&items[i])).collect();
-    let vecs = svc.embed(texts).await?;
+    let vecs = svc.embed(texts, Role::Passage).await?;
     Some((todo, vecs))
 }
 
@@ -185,7 +201,7 @@ pub(super) async fn store_backfill<V>(
     let res = sqlx::query(sql)
         .bind(ids)
         .bind(vectors)
-        .bind(svc.model_name())
+        .bind(svc.model_id())
         .execute(&svc.pool)
         .await;
     if let Err(e) = res {

@@ -428,6 +428,19 @@ pub struct Memory {
     pub created_at: DateTime<Utc>,
     #[serde(skip)]
     pub embedding: Option<Vec<u8>>,
+    /// The model that made `embedding`.
+    #[serde(skip)]
+    pub embed_model: Option<String>,
+}
+
+impl Memory {
+    /// The fact's vector when `model` made it: another model's vector is not comparable.
+    pub fn vector_of(&self, model: Option<&str>) -> Option<&[u8]> {
+        match (&self.embedding, model) {
+            (Some(v), Some(m)) if self.embed_model.as_deref() == Some(m) => Some(v),
+            _ => None,
+        }
+    }
 }
 
 /// Who is asking: the user is a wall, the character filters reads, the guild is a wall.
