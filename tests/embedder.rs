@@ -64,9 +64,9 @@ fn reference_for(gguf: &Path) -> Reference {
 }
 
 fn backend() -> &'static LlamaBackend {
-    // llama.cpp's backend is process-global and may be initialised only once.
-    static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
-    BACKEND.get_or_init(|| LlamaBackend::init().expect("llama backend"))
+    // llama.cpp's backend is process-global and may be initialised only once: the
+    // crate's embedder (the e5 test) and these direct calls must share one.
+    kvmem::engine::backend().expect("llama backend")
 }
 
 fn model(path: &Path) -> &'static LlamaModel {
