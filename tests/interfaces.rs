@@ -85,6 +85,10 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
     assert!(body["choices"][0]["message"]["content"].is_string());
     assert_eq!(body["kvmem"]["cold"], true);
     assert!(body["usage"]["completion_tokens"].as_i64().unwrap() > 0);
+    // Cold: the whole prompt (base, HUD, digest, message) was decoded, none of it cached.
+    let prompt = body["usage"]["prompt_tokens"].as_i64().unwrap();
+    assert!(prompt > 20, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     // Headers work too, and the second turn is warm.
     let r = client
         .post(&url)
@@ -98,6 +102,12 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["kvmem"]["cold"], false);
+    // Warm: the snapshot held the first exchange, more than the whole first prompt.
+    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_i64()
+        .unwrap();
+    assert!(cached > prompt, "{body}");
+    assert!(body["usage"]["prompt_tokens"].as_i64().unwrap() > cached);
 
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (
@@ -548,4 +558,182 @@ async fn replay_lane_waits_while_live_turns_are_ready(pool: PgPool) {
         order,
         ["live", "live", "live", "replay", "replay", "replay"]
     );
+}
+
+/// What the OpenAI Python SDK prints of a streamed chat: each chunk as a JSON line. Then
+/// the same call without `stream`, as one line.
+const SDK_SCRIPT: &str = r#"
+import json, sys, openai
+base, session, character = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+ask = lambda text, **kw: client.chat.completions.create(
+    model="kvmem", messages=[{"role": "user", "content": text}], user="u1",
+    extra_body={"session_id": session, "character_id": character}, **kw)
+for chunk in ask("We landed at the outpost. What do you see?", stream=True,
+                 stream_options={"include_usage": True}):
+    print(json.dumps(chunk.model_dump()), flush=True)
+print(json.dumps(ask("And the guards?").model_dump()), flush=True)
+"#;
+
+fn contents(chunks: &[Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+/// `"stream": true` on SmolLM2, through the official OpenAI SDK and through `curl -N`:
+/// the role first, content in several chunks, the finish, usage, `[DONE]`; the content
+/// joined is the stored reply. Bad input is an HTTP error with a JSON body, before any SSE.
+#[sqlx::test(migrations = false)]
+async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(
+        json!({"kv_dir": dir.path(), "n_ctx": 1024, "kv_tail_tokens": 900,
+                            "reply_max_tokens": 32}),
+    );
+    let deps = llama_deps(&pool, s.clone(), load_engine(&smollm2(), &s), "sse-worker");
+    let metrics = deps.metrics.clone();
+    let server = start(Some(deps), &pool, s, metrics).await;
+    let reply_of = |id: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("SELECT reply FROM turns WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+
+    let out = tokio::process::Command::new(openai_python())
+        .args([
+            "-c",
+            SDK_SCRIPT,
+            &format!("{}/v1", server.base),
+            "s-sdk",
+            &ch.to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_success(&out);
+    let mut lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let plain = lines.pop().unwrap();
+    let chunks = lines;
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["kvmem"]["cold"], true);
+    let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
+    let texts = chunks
+        .iter()
+        .filter(|c| !contents(std::slice::from_ref(c)).is_empty())
+        .count();
+    assert!(texts >= 2, "{texts} content chunks");
+    assert_eq!(contents(&chunks), reply_of(id).await);
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        chunks[n - 1]["choices"],
+        json!([]),
+        "the usage chunk comes last"
+    );
+    let usage = &chunks[n - 1]["usage"];
+    let (prompt, prefill, r): (i32, i32, i32) = sqlx::query_as(
+        "SELECT prompt_tokens, prefill_tokens, r_tokens FROM turn_log WHERE turn_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(usage["prompt_tokens"], json!(prompt));
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        json!(prompt - prefill)
+    );
+    assert_eq!(usage["completion_tokens"], json!(r));
+    // The same SDK without `stream`: a whole completion, warm, its cache counted.
+    assert_eq!(plain["object"], "chat.completion");
+    assert_eq!(plain["kvmem"]["cold"], false);
+    let plain_id = plain["kvmem"]["turn_id"].as_i64().unwrap();
+    assert_eq!(
+        plain["choices"][0]["message"]["content"],
+        json!(reply_of(plain_id).await)
+    );
+    assert!(
+        plain["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+
+    // curl -N: the raw events, as a front-end without the SDK reads them.
+    let curl = |body: Value| {
+        tokio::process::Command::new("curl")
+            .args([
+                "-N",
+                "-s",
+                "-D",
+                "/dev/stderr",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args([
+                "-d",
+                &body.to_string(),
+                &format!("{}/v1/chat/completions", server.base),
+            ])
+            .output()
+    };
+    let mut ask = chat("s-curl", "u1", ch, "What is the weather like?");
+    ask["stream"] = json!(true);
+    let out = curl(ask).await.unwrap();
+    let head = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let events = sse_events(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(e, d)| {
+            assert_eq!(e, &None, "{d}");
+            serde_json::from_str(d).unwrap()
+        })
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
+    assert_eq!(contents(&chunks), reply_of(id).await);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage unless asked"
+    );
+
+    // Errors found before the first byte stay HTTP errors with JSON bodies.
+    let other = character(&pool, "u2", "Bob").await;
+    for (session, character, text, status, says) in [
+        ("s-bad", ch, "   ", "400", "message must not be empty"),
+        ("s-bad", other, "hi", "404", "unknown character"),
+        ("s-bad", ch, &"word ".repeat(1500), "400", "does not fit"),
+    ] {
+        let mut ask = chat(session, "u1", character, text);
+        ask["stream"] = json!(true);
+        let out = curl(ask).await.unwrap();
+        let head = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{body}"
+        );
+    }
 }
