@@ -1,7 +1,8 @@
 //! The `kvmem` binary as ops run it: a worker process that is killed and restarted resumes
-//! the scene warm, and the CLI reports bad input clearly. And a reply that streams through
-//! Postgres while it is generated: read with plain LISTEN, and relayed by the HTTP API,
-//! including when its worker is killed mid-stream and another one runs the turn again.
+//! the scene warm, and the CLI reports bad input clearly. And a reply that streams while it
+//! is generated, as a backend reads it with plain LISTEN, as the OpenAI SDK and `curl -N`
+//! read it over HTTP, and as a client that goes away mid-stream leaves it. (A worker killed
+//! mid-stream is in `tests/fencing.rs`.)
 
 mod common;
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use kvmem::config::Settings;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -134,6 +136,27 @@ async fn cli_enqueue_reports_bad_input(pool: PgPool) {
     assert_eq!(n, 1);
 }
 
+/// A SmolLM2 worker and the HTTP API in this process, as `kvmem serve` runs them, on a pool
+/// of their own: they hold several listening connections, and the test's pool has five.
+/// Returns the server's base URL and what stops both.
+async fn serve(pool: &PgPool, s: Settings, worker_id: &str) -> (String, CancellationToken) {
+    let served = kvmem::db::connect(&db_url(pool).await, 16).await.unwrap();
+    let deps = llama_deps(&served, s.clone(), load_engine(&smollm2(), &s), worker_id);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let state = kvmem::http::AppState::new(served, Arc::new(s), "ab".repeat(32));
+    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    (base, shutdown)
+}
+
+/// A chat request with `"stream": true`.
+fn streamed(session: &str, user: &str, character: i64, text: &str) -> Value {
+    json!({"session_id": session, "user": user, "character_id": character, "stream": true,
+           "messages": [{"role": "user", "content": text}]})
+}
+
 /// The SQL API's stream: every delta of a turn on its channel and on its session's, in
 /// order, opening with a reset and closing with `done`, joined equal to the stored reply,
 /// and what `kvmem_turn_stream` gives a late reader. Cold then warm, on SmolLM2, with the
@@ -165,12 +188,7 @@ async fn sql_listeners_read_the_reply_as_it_is_generated(pool: PgPool) {
         assert_eq!(drain(&deps).await.len(), 1);
         let (deltas, state) = by_turn.until_end(id).await;
         assert_eq!(state, "done");
-        let (reply, token): (String, i64) =
-            sqlx::query_as("SELECT reply, done_token FROM turns WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+        let (reply, token) = stored_reply(&pool, id).await;
         let attempts: BTreeSet<i64> = deltas.iter().map(|d| d.attempt).collect();
         assert_eq!(
             attempts,
@@ -228,180 +246,6 @@ async fn sql_listeners_read_the_reply_as_it_is_generated(pool: PgPool) {
     );
 }
 
-/// A worker that stops itself right after publishing the first text of a reply, and is
-/// killed there (SIGKILL), while a client streams the turn over HTTP and a backend LISTENs
-/// on the session. Another worker runs the turn again: its stream opens with a reset and a
-/// larger attempt, its deltas joined are the stored reply, and the HTTP client, which
-/// already showed part of the first attempt, gets a clear SSE error instead of a stitched
-/// reply. A second request for the same turn (its idempotency key) streams it whole.
-#[sqlx::test(migrations = false)]
-async fn a_worker_killed_mid_stream_leaves_a_whole_reply_and_a_clear_error(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let url = db_url(&pool).await;
-    let dir = tempfile::tempdir().unwrap();
-    let logs = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("stream-kill");
-    std::fs::create_dir_all(&logs).unwrap();
-    let spawn = |stop: bool| {
-        let log = std::fs::File::create(logs.join(format!("worker-{stop}.log"))).unwrap();
-        let mut cmd = kvmem_command(&url);
-        cmd.args(["worker", "--generator", "llama"])
-            .env("KVMEM_MODEL_PATH", smollm2())
-            .env("KVMEM_KV_DIR", dir.path())
-            .env("N_CTX", "1024")
-            .env("KV_TAIL_TOKENS", "900")
-            .env("REPLY_MAX_TOKENS", "32")
-            .env("KVMEM_LEASE_MS", "1500")
-            .env("KVMEM_HEARTBEAT_MS", "300")
-            .stdout(Stdio::null())
-            .stderr(log);
-        if stop {
-            cmd.env("KVMEM_TEST_STOP_AT", "mid_stream");
-        }
-        cmd.spawn().expect("start kvmem worker")
-    };
-    let mut doomed = spawn(true);
-    let shutdown = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let chat_url = format!(
-        "http://{}/v1/chat/completions",
-        listener.local_addr().unwrap()
-    );
-    let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
-    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
-    let mut tap = StreamTap::session(&pool, "s-kill").await;
-    let request = json!({"session_id": "s-kill", "user": "u1", "character_id": ch, "stream": true,
-                         "messages": [{"role": "user", "content": "Describe the outpost we found."}]});
-    let client = reqwest::Client::new();
-    let sent = client
-        .post(&chat_url)
-        .header("Idempotency-Key", "k1")
-        .json(&request)
-        .send();
-    let mut body = sent.await.unwrap();
-    assert_eq!(body.status(), 200);
-    let mut seen = String::new();
-    // The first content chunk: the worker has published text and stopped itself.
-    while !sse_events(&seen)
-        .iter()
-        .any(|(_, d)| d.contains("\"content\":\"") && !d.contains("\"content\":\"\""))
-    {
-        let bytes = body
-            .chunk()
-            .await
-            .unwrap()
-            .expect("SSE until the first content");
-        seen.push_str(std::str::from_utf8(&bytes).unwrap());
-    }
-    // It stops itself right after that publish; the client may hear it a moment first.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while proc_state(doomed.id()) != Some('T') {
-        assert!(
-            Instant::now() < deadline,
-            "the worker did not stop mid-stream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    doomed.kill().unwrap();
-    doomed.wait().unwrap();
-    let _rescuer = KillOnDrop(spawn(false));
-    while let Some(bytes) = body.chunk().await.unwrap() {
-        seen.push_str(std::str::from_utf8(&bytes).unwrap());
-    }
-    let events = sse_events(&seen);
-    let (last_event, last_data) = events.last().unwrap().clone();
-    assert_eq!(last_event.as_deref(), Some("error"), "{seen}");
-    let error: Value = serde_json::from_str(&last_data).unwrap();
-    assert_eq!(error["error"]["code"], "turn_restarted", "{seen}");
-    assert!(!seen.contains("[DONE]"), "{seen}");
-    let id = error["error"]["turn_id"].as_i64().unwrap();
-
-    let (deltas, state) = tap.until_end(id).await;
-    assert_eq!(state, "done");
-    let (reply, token): (String, i64) =
-        sqlx::query_as("SELECT reply, done_token FROM turns WHERE id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let attempts: BTreeSet<i64> = deltas.iter().map(|d| d.attempt).collect();
-    assert_eq!(
-        attempts.len(),
-        2,
-        "the killed attempt and the re-run: {deltas:?}"
-    );
-    let (first, second) = (*attempts.first().unwrap(), *attempts.last().unwrap());
-    assert_eq!(second, token, "the re-run committed");
-    let retry: Vec<_> = deltas.iter().filter(|d| d.attempt == second).collect();
-    assert!(
-        retry[0].reset && retry[0].seq == 0,
-        "the re-run opens with a reset"
-    );
-    assert_eq!(
-        joined_attempt(&deltas, second),
-        reply,
-        "the stored reply is the re-run's, whole"
-    );
-    let shown: String = events
-        .iter()
-        .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .collect();
-    let killed: String = deltas
-        .iter()
-        .filter(|d| d.attempt == first)
-        .map(|d| d.text.as_str())
-        .collect();
-    assert!(
-        !shown.is_empty() && killed.starts_with(&shown),
-        "the client saw the first attempt only"
-    );
-
-    // The same request again (same idempotency key): the stored turn, streamed whole.
-    let again = client
-        .post(&chat_url)
-        .header("Idempotency-Key", "k1")
-        .json(&request)
-        .send()
-        .await
-        .unwrap();
-    let text = again.text().await.unwrap();
-    let events = sse_events(&text);
-    assert_eq!(events.last().unwrap().1, "[DONE]");
-    let content: String = events
-        .iter()
-        .filter_map(|(_, d)| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .collect();
-    assert_eq!(content, reply);
-    shutdown.cancel();
-}
-
-/// The process state letter from /proc (`T` = stopped).
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-/// A child process killed when the test ends, passing or not.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A client that goes away after the first content chunk, while the turn still runs:
 /// the turn completes and is stored whole, with what the client saw as its start.
 #[sqlx::test(migrations = false)]
@@ -410,21 +254,14 @@ async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool)
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
     let s = settings(json!({"kv_dir": dir.path(), "n_ctx": 1024, "reply_max_tokens": 48}));
-    // The worker and the server hold several listening connections: a pool of their own,
-    // as `kvmem serve` has, rather than the test's five.
-    let served = kvmem::db::connect(&db_url(&pool).await, 16).await.unwrap();
-    let deps = llama_deps(&served, s.clone(), load_engine(&smollm2(), &s), "w-gone");
-    let shutdown = CancellationToken::new();
-    tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/v1/chat/completions",
-        listener.local_addr().unwrap()
+    let (base, shutdown) = serve(&pool, s, "w-gone").await;
+    let url = format!("{base}/v1/chat/completions");
+    let request = streamed(
+        "s-gone",
+        "u1",
+        ch,
+        "Tell me a long story about the outpost.",
     );
-    let state = kvmem::http::AppState::new(served, Arc::new(s), "ab".repeat(32));
-    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
-    let request = json!({"session_id": "s-gone", "user": "u1", "character_id": ch, "stream": true,
-                         "messages": [{"role": "user", "content": "Tell me a long story about the outpost."}]});
     let mut body = reqwest::Client::new()
         .post(&url)
         .json(&request)
@@ -439,14 +276,8 @@ async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool)
             .unwrap()
             .expect("SSE until the first content");
         seen.push_str(std::str::from_utf8(&bytes).unwrap());
-        let chunks: Vec<Value> = sse_events(&seen)
-            .iter()
-            .filter_map(|(_, d)| serde_json::from_str(d).ok())
-            .collect();
-        let text: String = chunks
-            .iter()
-            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-            .collect();
+        let chunks = sse_chunks(&sse_events(&seen));
+        let text = sse_content(&chunks);
         if !text.is_empty() {
             break (chunks[0]["kvmem"]["turn_id"].as_i64().unwrap(), text);
         }
@@ -483,5 +314,167 @@ async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool)
         messages, 2,
         "the user's message and the whole reply are in the dialogue"
     );
+    shutdown.cancel();
+}
+
+/// What the OpenAI Python SDK prints of a streamed chat: each chunk as a JSON line. Then
+/// the same call without `stream`, as one line.
+const SDK_SCRIPT: &str = r#"
+import json, sys, openai
+base, session, character = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+ask = lambda text, **kw: client.chat.completions.create(
+    model="kvmem", messages=[{"role": "user", "content": text}], user="u1",
+    extra_body={"session_id": session, "character_id": character}, **kw)
+for chunk in ask("We landed at the outpost. What do you see?", stream=True,
+                 stream_options={"include_usage": True}):
+    print(json.dumps(chunk.model_dump()), flush=True)
+print(json.dumps(ask("And the guards?").model_dump()), flush=True)
+"#;
+
+/// `"stream": true` on SmolLM2, through the official OpenAI SDK and through `curl -N`:
+/// the role first, content in several chunks, the finish, usage, `[DONE]`; the content
+/// joined is the stored reply. Bad input is an HTTP error with a JSON body, before any SSE.
+#[sqlx::test(migrations = false)]
+async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(
+        json!({"kv_dir": dir.path(), "n_ctx": 1024, "kv_tail_tokens": 900,
+                            "reply_max_tokens": 32}),
+    );
+    let (base, shutdown) = serve(&pool, s, "sse-worker").await;
+    let reply_of = |id: i64| {
+        let pool = pool.clone();
+        async move { stored_reply(&pool, id).await.0 }
+    };
+
+    let out = tokio::process::Command::new(openai_python())
+        .args([
+            "-c",
+            SDK_SCRIPT,
+            &format!("{base}/v1"),
+            "s-sdk",
+            &ch.to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_success(&out);
+    let mut lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let plain = lines.pop().unwrap();
+    let chunks = lines;
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["kvmem"]["cold"], true);
+    let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
+    let texts = chunks
+        .iter()
+        .filter(|c| !sse_content(std::slice::from_ref(c)).is_empty())
+        .count();
+    assert!(texts >= 2, "{texts} content chunks");
+    assert_eq!(sse_content(&chunks), reply_of(id).await);
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        chunks[n - 1]["choices"],
+        json!([]),
+        "the usage chunk comes last"
+    );
+    let usage = &chunks[n - 1]["usage"];
+    let (prompt, prefill, r): (i32, i32, i32) = sqlx::query_as(
+        "SELECT prompt_tokens, prefill_tokens, r_tokens FROM turn_log WHERE turn_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(usage["prompt_tokens"], json!(prompt));
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        json!(prompt - prefill)
+    );
+    assert_eq!(usage["completion_tokens"], json!(r));
+    // The same SDK without `stream`: a whole completion, warm, its cache counted.
+    assert_eq!(plain["object"], "chat.completion");
+    assert_eq!(plain["kvmem"]["cold"], false);
+    let plain_id = plain["kvmem"]["turn_id"].as_i64().unwrap();
+    assert_eq!(
+        plain["choices"][0]["message"]["content"],
+        json!(reply_of(plain_id).await)
+    );
+    assert!(
+        plain["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+
+    // curl -N: the raw events, as a front-end without the SDK reads them.
+    let curl = |body: Value| {
+        tokio::process::Command::new("curl")
+            .args([
+                "-N",
+                "-s",
+                "-D",
+                "/dev/stderr",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args([
+                "-d",
+                &body.to_string(),
+                &format!("{base}/v1/chat/completions"),
+            ])
+            .output()
+    };
+    let ask = streamed("s-curl", "u1", ch, "What is the weather like?");
+    let out = curl(ask).await.unwrap();
+    let head = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let events = sse_events(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(e, d)| {
+            assert_eq!(e, &None, "{d}");
+            serde_json::from_str(d).unwrap()
+        })
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
+    assert_eq!(sse_content(&chunks), reply_of(id).await);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage unless asked"
+    );
+
+    // Errors found before the first byte stay HTTP errors with JSON bodies.
+    let other = character(&pool, "u2", "Bob").await;
+    for (session, character, text, status, says) in [
+        ("s-bad", ch, "   ", "400", "message must not be empty"),
+        ("s-bad", other, "hi", "404", "unknown character"),
+        ("s-bad", ch, &"word ".repeat(1500), "400", "does not fit"),
+    ] {
+        let ask = streamed(session, "u1", character, text);
+        let out = curl(ask).await.unwrap();
+        let head = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{body}"
+        );
+    }
     shutdown.cancel();
 }

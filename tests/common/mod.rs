@@ -384,3 +384,28 @@ pub fn joined_attempt(deltas: &[kvmem::stream::Delta], attempt: i64) -> String {
     }
     run.iter().map(|d| d.text.as_str()).collect()
 }
+
+/// The chunks among server-sent events (each event's JSON data; `[DONE]` and the like left out).
+pub fn sse_chunks(events: &[(Option<String>, String)]) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .filter_map(|(_, d)| serde_json::from_str(d).ok())
+        .collect()
+}
+
+/// The reply text of `chat.completion.chunk`s, joined.
+pub fn sse_content(chunks: &[serde_json::Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+/// A turn's stored reply and the fencing token of the attempt that committed it.
+pub async fn stored_reply(pool: &PgPool, turn_id: i64) -> (String, i64) {
+    sqlx::query_as("SELECT reply, done_token FROM turns WHERE id = $1")
+        .bind(turn_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
