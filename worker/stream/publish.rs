@@ -209,15 +209,23 @@ async fn run(pool: PgPool, mut rx: mpsc::UnboundedReceiver<Msg>) {
     }
 }
 
+/// Queued text of one attempt, joined.
+struct Run {
+    key: Key,
+    session_id: Arc<str>,
+    text: String,
+    start: Option<Value>,
+    done: bool,
+}
+
 /// Turns queued messages into numbered deltas: consecutive text of one attempt becomes one
 /// delta (cut into pieces of at most [`MAX_DELTA_BYTES`]), seq counts per attempt.
 fn deltas(msgs: Vec<Msg>, next_seq: &mut HashMap<Key, i32>, broken: &HashSet<Key>) -> Vec<Out> {
-    let mut joined: Vec<(Key, Arc<str>, String, Option<Value>, bool)> = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
+    let mut gone = Vec::new();
     for msg in msgs {
         match msg {
-            Msg::Gone(key) => {
-                next_seq.remove(&key);
-            }
+            Msg::Gone(key) => gone.push(key),
             Msg::Text {
                 key,
                 session_id,
@@ -225,46 +233,56 @@ fn deltas(msgs: Vec<Msg>, next_seq: &mut HashMap<Key, i32>, broken: &HashSet<Key
                 start,
                 done,
                 ..
-            } => match joined.last_mut() {
-                Some(last) if last.0 == key && !last.4 && start.is_none() => {
-                    last.2.push_str(&text);
-                    last.4 = done;
+            } => match runs.last_mut() {
+                Some(last) if last.key == key && !last.done && start.is_none() => {
+                    last.text.push_str(&text);
+                    last.done = done;
                 }
-                _ => joined.push((key, session_id, text, start, done)),
+                _ => runs.push(Run {
+                    key,
+                    session_id,
+                    text,
+                    start,
+                    done,
+                }),
             },
         }
     }
     let mut out = Vec::new();
-    for (key, session_id, text, start, done) in joined {
-        if start.is_some() {
-            next_seq.insert(key.clone(), 0);
+    for run in runs {
+        if run.start.is_some() {
+            next_seq.insert(run.key.clone(), 0);
         }
-        let Some(seq) = next_seq.get_mut(&key) else {
+        let Some(seq) = next_seq.get_mut(&run.key) else {
             continue;
         };
-        let parts = pieces(&text, MAX_DELTA_BYTES);
+        let parts = pieces(&run.text, MAX_DELTA_BYTES);
         let last = parts.len() - 1;
         for (i, part) in parts.into_iter().enumerate() {
             let delta = Delta {
-                turn_id: key.turn_id,
-                attempt: key.attempt,
+                turn_id: run.key.turn_id,
+                attempt: run.key.attempt,
                 seq: *seq,
                 reset: *seq == 0,
                 text: part.to_string(),
-                done: done && i == last,
-                meta: if i == 0 { start.clone() } else { None },
+                done: run.done && i == last,
+                meta: if i == 0 { run.start.clone() } else { None },
             };
             *seq += 1;
-            if !broken.contains(&key) {
+            if !broken.contains(&run.key) {
                 out.push(Out {
                     delta,
-                    session_id: session_id.clone(),
+                    session_id: run.session_id.clone(),
                 });
             }
         }
-        if done {
-            next_seq.remove(&key);
+        if run.done {
+            next_seq.remove(&run.key);
         }
+    }
+    // After the runs: what an ended attempt had queued still goes out, in order.
+    for key in gone {
+        next_seq.remove(&key);
     }
     out
 }

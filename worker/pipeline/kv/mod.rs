@@ -145,7 +145,7 @@ struct Prepared {
 impl Prepared {
     /// The reply's stream, opened with what the turn knows as it starts generating: the
     /// first delta's `meta`, which the HTTP relay's first chunk carries.
-    fn open_stream(&self, engine: &Engine, prompt_tokens: u32, prefill_tokens: u32) -> ReplyStream {
+    fn open_stream(&self, engine: &Engine, prompt: Prompt) -> ReplyStream {
         let mut reply = ReplyStream::new(
             self.job.stream.as_ref().map(stream::Target::open),
             &self.blocks.prefix,
@@ -156,8 +156,8 @@ impl Prepared {
                 "cold": self.loaded.rebuild.is_some(),
                 "digest_injected": self.injected.digest.is_some(),
                 "digest_version": self.job.digest.version,
-                "prompt_tokens": prompt_tokens,
-                "cached_tokens": prompt_tokens.saturating_sub(prefill_tokens),
+                "prompt_tokens": prompt.prompt_tokens,
+                "cached_tokens": prompt.prompt_tokens.saturating_sub(prompt.prefill_tokens),
             }),
         );
         reply
@@ -209,7 +209,7 @@ pub fn run_in_context(
 
     // 4. Generate, after the worker-written start of the reply when there is one, each
     // token streamed as it comes.
-    let mut reply = prepared.open_stream(engine, prompt.prompt_tokens, prompt.prefill_tokens);
+    let mut reply = prepared.open_stream(engine, prompt);
     let generated = session.generate_into(prepared.job.reply_max, abort, &mut stats, &mut reply)?;
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
     finish(engine, &mut session, prepared, generated, prompt, stats)
@@ -272,11 +272,7 @@ pub fn run_batch(
                     prefill_tokens: session.decoded() + pending.len() as u32,
                     prompt_tokens: session.len() + pending.len() as u32,
                 };
-                streams.push(prepared.open_stream(
-                    engine,
-                    prompt.prompt_tokens,
-                    prompt.prefill_tokens,
-                ));
+                streams.push(prepared.open_stream(engine, prompt));
                 seqs.push(SeqJob {
                     state: session.export_state(),
                     held: session.len(),
@@ -304,6 +300,7 @@ pub fn run_batch(
         .map(|r| r as &mut dyn TokenSink)
         .collect();
     let decoded = engine::batch::decode_together_into(engine, batch_ctx, seqs, &mut sinks);
+    // An aborted turn's stream tells the publisher now, not after every turn's step 5.
     drop(sinks);
     drop(streams);
     let mut ran = decoded.into_iter().zip(held).zip(pending);
