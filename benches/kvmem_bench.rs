@@ -1,15 +1,17 @@
 //! kvmem's benchmarks: warm vs cold turns, snapshot I/O phases, digest rebuild latency
 //! (idle, and under load beside echo turns), queue throughput (side by side with
 //! graphile-worker), growth, and memory in the turn (recall latency, tokens injected, warm
-//! TTFT with memory on and off), and sessions decoded together against one at a time.
+//! TTFT with memory on and off), sessions decoded together against one at a time, and
+//! streamed replies (first content byte against TTFT, tokens/s with deltas on and off).
 //! Ratios are measured in one run because the machine is shared and noisy. Run through
 //! `ops/bench`.
 //!
-//! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [digest-load] [queue] [growth] [recall] [batch]`
+//! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [digest-load] [queue] [growth] [recall] [batch] [stream]`
 //! and, on demand, `warm-cold-q4_0`: the warm-cold suite on SmolLM2 re-quantized to Q4_0.
 
 mod batching;
 mod common;
+mod streaming;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +51,7 @@ async fn main() -> Result<()> {
         "growth",
         "recall",
         "batch",
+        "stream",
     ];
     let suites: Vec<&str> = if args.is_empty() {
         all.to_vec()
@@ -84,6 +87,7 @@ async fn main() -> Result<()> {
             "growth" => growth(&env).await?,
             "recall" => recall(&env).await?,
             "batch" => batching::batching(&env.smollm2, env.quick)?,
+            "stream" => streaming::streaming(&env.base_url, &env.smollm2, env.quick).await?,
             other => anyhow::bail!("unknown suite {other}; suites: {all:?}"),
         };
         let path = env.results.join(format!("{suite}.json"));

@@ -73,6 +73,7 @@ fn sessions() -> Vec<(TurnJob, Vec<Exchange>)> {
                 tail: 900,
                 reply_max: 24,
                 export: true,
+                stream: None,
             };
             (job, history)
         })

@@ -2,23 +2,36 @@
 //! never make a later turn trust its work. Each test stops a real `kvmem worker` process at
 //! an exact step of a turn (the `KVMEM_TEST_STOP_AT` hook: the process stops itself there),
 //! lets a second worker take the turn over and commit it, then continues the first one.
+//! And a worker killed mid-stream: the re-run's stream says so, and no reader stitches
+//! two attempts together.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use kvmem::snapshot::{self, Limits};
+use serde_json::{json, Value};
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 const SID: &str = "stall_1";
 const USER: &str = "u_stall";
 
 /// A `kvmem worker` on the tiny model, its stderr kept in a file for the assertions.
 fn worker(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Child {
+    worker_command(url, kv, stop_at, log)
+        .spawn()
+        .expect("spawn kvmem worker")
+}
+
+/// [`worker`] before it starts, for a test that sets more of its environment.
+fn worker_command(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Command {
     let mut cmd = kvmem_command(url);
     cmd.arg("worker")
         .env("KVMEM_MODEL_PATH", tiny_model())
@@ -31,7 +44,7 @@ fn worker(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Child {
     if let Some(point) = stop_at {
         cmd.env("KVMEM_TEST_STOP_AT", point);
     }
-    cmd.spawn().expect("spawn kvmem worker")
+    cmd
 }
 
 /// The process state letter from /proc (`T` = stopped).
@@ -281,4 +294,125 @@ async fn a_worker_paused_before_its_save_leaves_the_committed_snapshot_alone(poo
         log.loaded && !log.cold,
         "warm from the committed snapshot: {log:?}"
     );
+}
+
+/// A worker that stops itself right after publishing the first text of a reply, and is
+/// killed there (SIGKILL), while a client streams the turn over HTTP and a backend LISTENs
+/// on the session. Another worker runs the turn again: its stream opens with a reset and a
+/// larger attempt, its deltas joined are the stored reply, and the HTTP client, which
+/// already showed part of the first attempt, gets a clear SSE error instead of a stitched
+/// reply. A second request for the same turn (its idempotency key) streams it whole.
+#[sqlx::test(migrations = false)]
+async fn a_worker_killed_mid_stream_leaves_a_whole_reply_and_a_clear_error(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let url = db_url(&pool).await;
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    // SmolLM2 (the reply is text to compare), a short lease so the re-run comes soon.
+    let spawn = |stop: bool| {
+        let stop_at = stop.then_some("mid_stream");
+        let log = logs.path().join(format!("worker-{stop}.log"));
+        let mut cmd = worker_command(&url, dir.path(), stop_at, &log);
+        cmd.env("KVMEM_MODEL_PATH", smollm2())
+            .env("N_CTX", "1024")
+            .env("KV_TAIL_TOKENS", "900")
+            .env("REPLY_MAX_TOKENS", "32")
+            .env("KVMEM_LEASE_MS", "1500")
+            .env("KVMEM_HEARTBEAT_MS", "300");
+        cmd.spawn().expect("spawn kvmem worker")
+    };
+    let mut doomed = spawn(true);
+    let shutdown = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let chat_url = format!(
+        "http://{}/v1/chat/completions",
+        listener.local_addr().unwrap()
+    );
+    let state =
+        kvmem::http::AppState::new(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
+    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    let mut tap = StreamTap::session(&pool, "s-kill").await;
+    let request = json!({"session_id": "s-kill", "user": "u1", "character_id": ch, "stream": true,
+                         "messages": [{"role": "user", "content": "Describe the outpost we found."}]});
+    let client = reqwest::Client::new();
+    let sent = client
+        .post(&chat_url)
+        .header("Idempotency-Key", "k1")
+        .json(&request)
+        .send();
+    let mut body = sent.await.unwrap();
+    assert_eq!(body.status(), 200);
+    let mut seen = String::new();
+    // The first content chunk: the worker has published text and stopped itself.
+    while sse_content(&sse_chunks(&sse_events(&seen))).is_empty() {
+        let bytes = body
+            .chunk()
+            .await
+            .unwrap()
+            .expect("SSE until the first content");
+        seen.push_str(std::str::from_utf8(&bytes).unwrap());
+    }
+    // It stops itself right after that publish; the client may hear it a moment first.
+    wait_stopped(&mut doomed, &logs.path().join("worker-true.log")).await;
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let rescuer = spawn(false);
+    while let Some(bytes) = body.chunk().await.unwrap() {
+        seen.push_str(std::str::from_utf8(&bytes).unwrap());
+    }
+    let events = sse_events(&seen);
+    let (last_event, last_data) = events.last().unwrap().clone();
+    assert_eq!(last_event.as_deref(), Some("error"), "{seen}");
+    let error: Value = serde_json::from_str(&last_data).unwrap();
+    assert_eq!(error["error"]["code"], "turn_restarted", "{seen}");
+    assert!(!seen.contains("[DONE]"), "{seen}");
+    let id = error["error"]["turn_id"].as_i64().unwrap();
+
+    let (deltas, state) = tap.until_end(id).await;
+    assert_eq!(state, "done");
+    let (reply, token) = stored_reply(&pool, id).await;
+    let attempts: BTreeSet<i64> = deltas.iter().map(|d| d.attempt).collect();
+    assert_eq!(
+        attempts.len(),
+        2,
+        "the killed attempt and the re-run: {deltas:?}"
+    );
+    let (first, second) = (*attempts.first().unwrap(), *attempts.last().unwrap());
+    assert_eq!(second, token, "the re-run committed");
+    let retry: Vec<_> = deltas.iter().filter(|d| d.attempt == second).collect();
+    assert!(
+        retry[0].reset && retry[0].seq == 0,
+        "the re-run opens with a reset"
+    );
+    assert_eq!(
+        joined_attempt(&deltas, second),
+        reply,
+        "the stored reply is the re-run's, whole"
+    );
+    let shown = sse_content(&sse_chunks(&events));
+    let killed: String = deltas
+        .iter()
+        .filter(|d| d.attempt == first)
+        .map(|d| d.text.as_str())
+        .collect();
+    assert!(
+        !shown.is_empty() && killed.starts_with(&shown),
+        "the client saw the first attempt only"
+    );
+
+    // The same request again (same idempotency key): the stored turn, streamed whole.
+    let again = client
+        .post(&chat_url)
+        .header("Idempotency-Key", "k1")
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
+    let text = again.text().await.unwrap();
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    assert_eq!(sse_content(&sse_chunks(&events)), reply);
+    shutdown.cancel();
+    terminate(rescuer).await;
 }

@@ -85,6 +85,10 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
     assert!(body["choices"][0]["message"]["content"].is_string());
     assert_eq!(body["kvmem"]["cold"], true);
     assert!(body["usage"]["completion_tokens"].as_i64().unwrap() > 0);
+    // Cold: the whole prompt (base, HUD, digest, message) was decoded, none of it cached.
+    let prompt = body["usage"]["prompt_tokens"].as_i64().unwrap();
+    assert!(prompt > 20, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     // Headers work too, and the second turn is warm.
     let r = client
         .post(&url)
@@ -98,6 +102,12 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["kvmem"]["cold"], false);
+    // Warm: the snapshot held the first exchange, more than the whole first prompt.
+    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_i64()
+        .unwrap();
+    assert!(cached > prompt, "{body}");
+    assert!(body["usage"]["prompt_tokens"].as_i64().unwrap() > cached);
 
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (

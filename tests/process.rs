@@ -1,13 +1,21 @@
 //! The `kvmem` binary as ops run it: a worker process that is killed and restarted resumes
-//! the scene warm, and the CLI reports bad input clearly.
+//! the scene warm, and the CLI reports bad input clearly. And a reply that streams while it
+//! is generated, as a backend reads it with plain LISTEN, as the OpenAI SDK and `curl -N`
+//! read it over HTTP, and as a client that goes away mid-stream leaves it. (A worker killed
+//! mid-stream is in `tests/fencing.rs`.)
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use kvmem::config::Settings;
+use serde_json::{json, Value};
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 fn worker(url: &str, kv_dir: &std::path::Path) -> Child {
     kvmem_command(url)
@@ -126,4 +134,347 @@ async fn cli_enqueue_reports_bad_input(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(n, 1);
+}
+
+/// A SmolLM2 worker and the HTTP API in this process, as `kvmem serve` runs them, on a pool
+/// of their own: they hold several listening connections, and the test's pool has five.
+/// Returns the server's base URL and what stops both.
+async fn serve(pool: &PgPool, s: Settings, worker_id: &str) -> (String, CancellationToken) {
+    let served = kvmem::db::connect(&db_url(pool).await, 16).await.unwrap();
+    let deps = llama_deps(&served, s.clone(), load_engine(&smollm2(), &s), worker_id);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let state = kvmem::http::AppState::new(served, Arc::new(s), "ab".repeat(32));
+    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    (base, shutdown)
+}
+
+/// A chat request with `"stream": true`.
+fn streamed(session: &str, user: &str, character: i64, text: &str) -> Value {
+    json!({"session_id": session, "user": user, "character_id": character, "stream": true,
+           "messages": [{"role": "user", "content": text}]})
+}
+
+/// The SQL API's stream: every delta of a turn on its channel and on its session's, in
+/// order, opening with a reset and closing with `done`, joined equal to the stored reply,
+/// and what `kvmem_turn_stream` gives a late reader. Cold then warm, on SmolLM2, with the
+/// usage figures the first delta carries checked against the turn before.
+#[sqlx::test(migrations = false)]
+async fn sql_listeners_read_the_reply_as_it_is_generated(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(
+        json!({"kv_dir": dir.path(), "n_ctx": 1024, "kv_tail_tokens": 900,
+                            "reply_max_tokens": 24}),
+    );
+    let deps = llama_deps(&pool, s.clone(), load_engine(&smollm2(), &s), "w-stream");
+    let mut by_session = StreamTap::session(&pool, "s-stream").await;
+    let mut kv_before = 0;
+    for (n, msg) in [
+        "We landed at the outpost. What do you see?",
+        "And the guards?",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = kvmem::queue::enqueue(&pool, "s-stream", "u1", ch, msg, None)
+            .await
+            .unwrap()
+            .0;
+        let mut by_turn = StreamTap::turn(&pool, id).await;
+        assert_eq!(drain(&deps).await.len(), 1);
+        let (deltas, state) = by_turn.until_end(id).await;
+        assert_eq!(state, "done");
+        let (reply, token) = stored_reply(&pool, id).await;
+        let attempts: BTreeSet<i64> = deltas.iter().map(|d| d.attempt).collect();
+        assert_eq!(
+            attempts,
+            BTreeSet::from([token]),
+            "one attempt: the committed one"
+        );
+        assert_eq!(joined_attempt(&deltas, token), reply);
+        let texts = deltas.iter().filter(|d| !d.text.is_empty()).count();
+        assert!(texts >= 2, "the reply came in {texts} pieces: {deltas:?}");
+        assert_eq!(by_session.until_end(id).await, (deltas.clone(), state));
+
+        let late: (String, i64, Option<i32>, String, bool) =
+            sqlx::query_as("SELECT state, attempt, seq, text, done FROM kvmem_turn_stream($1)")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let last = deltas.last().unwrap().seq;
+        assert_eq!(
+            late,
+            ("done".into(), token, Some(last), reply.clone(), true)
+        );
+
+        let (prompt, prefill, cold, kv): (i32, i32, bool, i32) = sqlx::query_as(
+            "SELECT prompt_tokens, prefill_tokens, cold, tokens_in_kv FROM turn_log WHERE turn_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let meta = deltas[0].meta.clone().unwrap();
+        assert_eq!(meta["cold"], json!(n == 0));
+        assert_eq!(
+            (meta["prompt_tokens"].as_i64(), cold),
+            (Some(prompt as i64), n == 0)
+        );
+        // Cold: all of the prompt was decoded. Warm: the snapshot held the last turn's KV
+        // (under the tail, so unpruned) and the turn decoded only the rest.
+        let cached = prompt - prefill;
+        assert_eq!(cached, kv_before, "cached = the KV the last turn saved");
+        assert_eq!(meta["cached_tokens"], json!(cached));
+        kv_before = kv;
+    }
+    let names: (String, String) =
+        sqlx::query_as("SELECT kvmem_turn_channel(42), kvmem_listen_turn(42)")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        names,
+        (
+            kvmem::stream::follow::channel(42),
+            kvmem::stream::follow::channel(42)
+        )
+    );
+}
+
+/// A client that goes away after the first content chunk, while the turn still runs:
+/// the turn completes and is stored whole, with what the client saw as its start.
+#[sqlx::test(migrations = false)]
+async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(json!({"kv_dir": dir.path(), "n_ctx": 1024, "reply_max_tokens": 48}));
+    let (base, shutdown) = serve(&pool, s, "w-gone").await;
+    let url = format!("{base}/v1/chat/completions");
+    let request = streamed(
+        "s-gone",
+        "u1",
+        ch,
+        "Tell me a long story about the outpost.",
+    );
+    let mut body = reqwest::Client::new()
+        .post(&url)
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let shown = loop {
+        let bytes = body
+            .chunk()
+            .await
+            .unwrap()
+            .expect("SSE until the first content");
+        seen.push_str(std::str::from_utf8(&bytes).unwrap());
+        let chunks = sse_chunks(&sse_events(&seen));
+        let text = sse_content(&chunks);
+        if !text.is_empty() {
+            break (chunks[0]["kvmem"]["turn_id"].as_i64().unwrap(), text);
+        }
+    };
+    let (id, shown) = shown;
+    let mut tap = StreamTap::turn(&pool, id).await;
+    let (state, done): (String, bool) =
+        sqlx::query_as("SELECT state, done FROM kvmem_turn_stream($1)")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), done),
+        ("running", false),
+        "the client leaves mid-stream"
+    );
+    drop(body);
+    let (_, end) = tap.until_end(id).await;
+    assert_eq!(end, "done");
+    let (reply, messages): (String, i64) = sqlx::query_as(
+        "SELECT t.reply, (SELECT count(*) FROM messages m WHERE m.turn_id = t.id)
+           FROM turns t WHERE t.id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        reply.starts_with(&shown) && reply.len() > shown.len(),
+        "{shown:?} / {reply:?}"
+    );
+    assert_eq!(
+        messages, 2,
+        "the user's message and the whole reply are in the dialogue"
+    );
+    shutdown.cancel();
+}
+
+/// What the OpenAI Python SDK prints of a streamed chat: each chunk as a JSON line. Then
+/// the same call without `stream`, as one line.
+const SDK_SCRIPT: &str = r#"
+import json, sys, openai
+base, session, character = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+ask = lambda text, **kw: client.chat.completions.create(
+    model="kvmem", messages=[{"role": "user", "content": text}], user="u1",
+    extra_body={"session_id": session, "character_id": character}, **kw)
+for chunk in ask("We landed at the outpost. What do you see?", stream=True,
+                 stream_options={"include_usage": True}):
+    print(json.dumps(chunk.model_dump()), flush=True)
+print(json.dumps(ask("And the guards?").model_dump()), flush=True)
+"#;
+
+/// `"stream": true` on SmolLM2, through the official OpenAI SDK and through `curl -N`:
+/// the role first, content in several chunks, the finish, usage, `[DONE]`; the content
+/// joined is the stored reply. Bad input is an HTTP error with a JSON body, before any SSE.
+#[sqlx::test(migrations = false)]
+async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = settings(
+        json!({"kv_dir": dir.path(), "n_ctx": 1024, "kv_tail_tokens": 900,
+                            "reply_max_tokens": 32}),
+    );
+    let (base, shutdown) = serve(&pool, s, "sse-worker").await;
+    let reply_of = |id: i64| {
+        let pool = pool.clone();
+        async move { stored_reply(&pool, id).await.0 }
+    };
+
+    let out = tokio::process::Command::new(openai_python())
+        .args([
+            "-c",
+            SDK_SCRIPT,
+            &format!("{base}/v1"),
+            "s-sdk",
+            &ch.to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_success(&out);
+    let mut lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let plain = lines.pop().unwrap();
+    let chunks = lines;
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["kvmem"]["cold"], true);
+    let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
+    let texts = chunks
+        .iter()
+        .filter(|c| !sse_content(std::slice::from_ref(c)).is_empty())
+        .count();
+    assert!(texts >= 2, "{texts} content chunks");
+    assert_eq!(sse_content(&chunks), reply_of(id).await);
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        chunks[n - 1]["choices"],
+        json!([]),
+        "the usage chunk comes last"
+    );
+    let usage = &chunks[n - 1]["usage"];
+    let (prompt, prefill, r): (i32, i32, i32) = sqlx::query_as(
+        "SELECT prompt_tokens, prefill_tokens, r_tokens FROM turn_log WHERE turn_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(usage["prompt_tokens"], json!(prompt));
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        json!(prompt - prefill)
+    );
+    assert_eq!(usage["completion_tokens"], json!(r));
+    // The same SDK without `stream`: a whole completion, warm, its cache counted.
+    assert_eq!(plain["object"], "chat.completion");
+    assert_eq!(plain["kvmem"]["cold"], false);
+    let plain_id = plain["kvmem"]["turn_id"].as_i64().unwrap();
+    assert_eq!(
+        plain["choices"][0]["message"]["content"],
+        json!(reply_of(plain_id).await)
+    );
+    assert!(
+        plain["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_i64()
+            .unwrap()
+            > 0
+    );
+
+    // curl -N: the raw events, as a front-end without the SDK reads them.
+    let curl = |body: Value| {
+        tokio::process::Command::new("curl")
+            .args([
+                "-N",
+                "-s",
+                "-D",
+                "/dev/stderr",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args([
+                "-d",
+                &body.to_string(),
+                &format!("{base}/v1/chat/completions"),
+            ])
+            .output()
+    };
+    let ask = streamed("s-curl", "u1", ch, "What is the weather like?");
+    let out = curl(ask).await.unwrap();
+    let head = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(head.contains("content-type: text/event-stream"), "{head}");
+    let events = sse_events(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(e, d)| {
+            assert_eq!(e, &None, "{d}");
+            serde_json::from_str(d).unwrap()
+        })
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
+    assert_eq!(sse_content(&chunks), reply_of(id).await);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+    assert!(
+        chunks.iter().all(|c| c.get("usage").is_none()),
+        "no usage unless asked"
+    );
+
+    // Errors found before the first byte stay HTTP errors with JSON bodies.
+    let other = character(&pool, "u2", "Bob").await;
+    for (session, character, text, status, says) in [
+        ("s-bad", ch, "   ", "400", "message must not be empty"),
+        ("s-bad", other, "hi", "404", "unknown character"),
+        ("s-bad", ch, &"word ".repeat(1500), "400", "does not fit"),
+    ] {
+        let ask = streamed(session, "u1", character, text);
+        let out = curl(ask).await.unwrap();
+        let head = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        let body: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{body}"
+        );
+    }
+    shutdown.cancel();
 }

@@ -212,6 +212,35 @@ async fn http_api_refuses_b_everywhere_and_tells_b_nothing_of_a(pool: PgPool) {
     );
     assert_ne!(body["kvmem"]["turn_id"], json!(f.a_turn));
 
+    // Streamed, the same walls: B's stream into A's session is refused before any event,
+    // and A's idempotency key, which B used on B's own session above, streams B's turn.
+    let streamed = |session: &str, text: &str| {
+        let mut ask = chat(session, "bob", f.b_char, text);
+        ask["stream"] = json!(true);
+        ask
+    };
+    let r = client
+        .post(&url)
+        .json(&streamed(A_SESSION, "stream me her reply"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_no_leak("stream into A's session", &r.text().await.unwrap(), &f);
+    let r = client
+        .post(&url)
+        .header("Idempotency-Key", "key-1")
+        .json(&streamed("sess_bob", "my own question"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert_no_leak("A's key, streamed", &text, &f);
+    assert!(text.contains("echo: my own question"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+
     // B with A's character.
     let r = client
         .post(&url)

@@ -88,6 +88,10 @@ pub struct Settings {
     pub http_max_in_flight: u32,
     /// Upper bound for a request's `X-Timeout-Ms`.
     pub http_max_timeout_ms: u64,
+    /// Workers publish each reply as deltas while they generate it (NOTIFY on the turn's
+    /// and the session's channel); off, a reply is seen only once it is stored.
+    #[serde(default = "default_true", deserialize_with = "flag")]
+    pub stream_deltas: bool,
 
     pub log_format: LogFormat,
     pub log_level: String,

@@ -15,6 +15,8 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         "sql/api/enqueue_turn.sql",
         include_str!("../sql/api/enqueue_turn.sql"),
     ),
+    // Before turn_done.sql, whose notification also goes to the stream channels.
+    ("sql/api/stream.sql", include_str!("../sql/api/stream.sql")),
     (
         "sql/api/turn_done.sql",
         include_str!("../sql/api/turn_done.sql"),

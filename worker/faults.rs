@@ -8,7 +8,8 @@
 //!
 //! Points: `before_save` (generation done, snapshot not yet written), `mid_write` (half
 //! the snapshot bytes in the temp file), `before_rename` (temp file complete and synced),
-//! `after_save` (renamed into place, completion not yet committed).
+//! `after_save` (renamed into place, completion not yet committed), `mid_stream` (the first
+//! delta with reply text published; the reply is half streamed; stops once per process).
 
 use std::sync::OnceLock;
 
@@ -37,4 +38,10 @@ pub fn stop_point(point: &str) {
             libc::raise(libc::SIGSTOP);
         }
     }
+}
+
+/// Whether the test hook `KVMEM_TEST_STOP_AT` names `point` (for a point that must stop
+/// the process only once).
+pub fn stops_at(point: &str) -> bool {
+    configured() == Some(point)
 }

@@ -13,7 +13,7 @@
 //!
 //! The modules, from the bottom up (a module uses only those below it; CONTRIBUTING.md
 //! draws the picture): foundations ([`config`], [`db`], [`metrics`], [`telemetry`],
-//! [`faults`]); [`snapshot`] and [`engine`]; [`turn`]; [`queue`] and [`context`];
+//! [`faults`]); [`snapshot`] and [`engine`]; [`turn`]; [`queue`], [`context`] and [`stream`];
 //! [`memory`] and [`summary`]; [`pipeline`]; [`runner`]; [`system`]; [`http`] and [`cmd`].
 
 pub mod cmd;
@@ -30,6 +30,7 @@ pub mod pipeline;
 pub mod queue;
 pub mod runner;
 pub mod snapshot;
+pub mod stream;
 pub mod summary;
 pub mod system;
 pub mod telemetry;

@@ -63,6 +63,7 @@ fn job(i: usize, turn_id: i64, message: String, reply_max: u32) -> TurnJob {
         tail: 2000,
         reply_max,
         export: true,
+        stream: None,
     }
 }
 

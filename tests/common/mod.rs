@@ -284,3 +284,133 @@ pub async fn kv_segments(
         })
         .collect()
 }
+
+/// The OpenAI Python SDK's interpreter: the project's venv, which ops/setup fills (pinned).
+pub fn openai_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KVMEM_TEST_OPENAI_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let p = PathBuf::from(home).join(".cache/kvmem/venv/bin/python");
+    assert!(
+        p.exists(),
+        "KVMEM_TEST_OPENAI_PYTHON is unset and {} is missing: run ops/setup",
+        p.display()
+    );
+    p
+}
+
+/// The events of a server-sent-events body, as (event name, data).
+pub fn sse_events(body: &str) -> Vec<(Option<String>, String)> {
+    body.split("\n\n")
+        .filter(|block| !block.trim().is_empty())
+        .filter_map(|block| {
+            let mut event = None;
+            let mut data = Vec::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    event = Some(v.trim().to_string());
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+                }
+            }
+            (!data.is_empty() || event.is_some()).then(|| (event, data.join("\n")))
+        })
+        .collect()
+}
+
+/// A LISTEN of its own on a turn's or a session's stream channel, named by the SQL API.
+pub struct StreamTap {
+    listener: sqlx::postgres::PgListener,
+}
+
+impl StreamTap {
+    pub async fn turn(pool: &PgPool, turn_id: i64) -> StreamTap {
+        let channel: String = sqlx::query_scalar("SELECT kvmem_turn_channel($1)")
+            .bind(turn_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        StreamTap::on(pool, &channel).await
+    }
+
+    pub async fn session(pool: &PgPool, sid: &str) -> StreamTap {
+        let channel: String = sqlx::query_scalar("SELECT kvmem_session_channel($1)")
+            .bind(sid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        StreamTap::on(pool, &channel).await
+    }
+
+    async fn on(pool: &PgPool, channel: &str) -> StreamTap {
+        // A connection of its own: a listener holds its connection, and the test's pool is
+        // small and shared with the worker and the server under test.
+        let url = db_url(pool).await;
+        let mut listener = sqlx::postgres::PgListener::connect(&url).await.unwrap();
+        listener.listen(channel).await.unwrap();
+        StreamTap { listener }
+    }
+
+    /// The deltas of `turn_id` heard until its end message, and the state it ended in.
+    /// The two-minute bound only turns a hang into a failure.
+    pub async fn until_end(&mut self, turn_id: i64) -> (Vec<kvmem::stream::Delta>, String) {
+        use kvmem::stream::Note;
+        let mut deltas = Vec::new();
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(120), self.listener.recv())
+                .await
+                .expect("the turn's stream ended within two minutes")
+                .unwrap();
+            assert!(n.payload().len() < 8000, "payload over the NOTIFY limit");
+            match Note::parse(n.payload()).expect("a delta or an end message") {
+                Note::Delta(d) if d.turn_id == turn_id => deltas.push(d),
+                Note::End { turn_id: t, state } if t == turn_id => return (deltas, state),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The deltas of one attempt, checked for order: seq 0, 1, 2, ... with the reset on seq 0
+/// only and `done` on the last only. Returns their text joined.
+pub fn joined_attempt(deltas: &[kvmem::stream::Delta], attempt: i64) -> String {
+    let run: Vec<_> = deltas.iter().filter(|d| d.attempt == attempt).collect();
+    assert!(!run.is_empty(), "no delta of attempt {attempt}");
+    for (i, d) in run.iter().enumerate() {
+        assert_eq!(d.seq, i as i32, "deltas out of order: {run:?}");
+        assert_eq!(d.reset, i == 0, "reset only on seq 0: {run:?}");
+        assert_eq!(
+            d.done,
+            i + 1 == run.len(),
+            "done on the last delta only: {run:?}"
+        );
+        assert_eq!(d.meta.is_some(), i == 0, "meta on seq 0 only: {run:?}");
+    }
+    run.iter().map(|d| d.text.as_str()).collect()
+}
+
+/// The chunks among server-sent events (each event's JSON data; `[DONE]` and the like left out).
+pub fn sse_chunks(events: &[(Option<String>, String)]) -> Vec<serde_json::Value> {
+    events
+        .iter()
+        .filter_map(|(_, d)| serde_json::from_str(d).ok())
+        .collect()
+}
+
+/// The reply text of `chat.completion.chunk`s, joined.
+pub fn sse_content(chunks: &[serde_json::Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+/// A turn's stored reply and the fencing token of the attempt that committed it.
+pub async fn stored_reply(pool: &PgPool, turn_id: i64) -> (String, i64) {
+    sqlx::query_as("SELECT reply, done_token FROM turns WHERE id = $1")
+        .bind(turn_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}

@@ -19,7 +19,7 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{export_seq, Engine, EngineError, Result};
+use super::{export_seq, Engine, EngineError, Result, TokenSink};
 
 /// One session's part of a joint decode.
 pub struct SeqJob {
@@ -69,6 +69,20 @@ pub fn decode_together(
     ctx: &mut LlamaContext<'static>,
     jobs: Vec<SeqJob>,
 ) -> Vec<Result<SeqDone>> {
+    let mut none = vec![(); jobs.len()];
+    let mut sinks: Vec<&mut dyn TokenSink> =
+        none.iter_mut().map(|n| n as &mut dyn TokenSink).collect();
+    decode_together_into(engine, ctx, jobs, &mut sinks)
+}
+
+/// [`decode_together`], handing each session's tokens to its sink (`sinks[i]` for
+/// `jobs[i]`) as soon as they are sampled.
+pub fn decode_together_into(
+    engine: &Engine,
+    ctx: &mut LlamaContext<'static>,
+    jobs: Vec<SeqJob>,
+    sinks: &mut [&mut dyn TokenSink],
+) -> Vec<Result<SeqDone>> {
     let started = Instant::now();
     let ms = || started.elapsed().as_millis() as u64;
     ctx.clear_kv_cache();
@@ -110,6 +124,7 @@ pub fn decode_together(
         ctx: &mut *ctx,
         jobs: &jobs,
         live: &mut live,
+        sinks,
         ms: &ms,
     };
     if let Err(e) = joint.prefill() {
@@ -140,16 +155,17 @@ fn fail_running(live: &mut [Live], e: &EngineError) {
 
 /// What the two phases of a joint decode, shared prefill and shared generation steps,
 /// both read and advance.
-struct Joint<'a> {
+struct Joint<'a, 's> {
     engine: &'a Engine,
     ctx: &'a mut LlamaContext<'static>,
     jobs: &'a [SeqJob],
     live: &'a mut [Live],
+    sinks: &'a mut [&'s mut dyn TokenSink],
     /// Milliseconds since the joint decode started.
     ms: &'a dyn Fn() -> u64,
 }
 
-impl Joint<'_> {
+impl Joint<'_, '_> {
     /// The pending tokens of every running session, in chunks of at most `n_batch` tokens; a
     /// session's first reply token is sampled right after the chunk holding its last pending
     /// token, before the next chunk overwrites the logits.
@@ -222,10 +238,12 @@ impl Joint<'_> {
                     _ => {
                         l.done_ms = (self.ms)();
                         l.result = Some(Ok(()));
+                        self.sinks[i].finished(self.engine, &l.out);
                         continue;
                     }
                 };
                 l.out.push(next);
+                self.sinks[i].token(self.engine, next);
                 rows.push((i, batch.n_tokens()));
                 batch
                     .add(next, l.pos as i32, &[l.seq], true)

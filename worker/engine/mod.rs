@@ -30,6 +30,21 @@ pub use generate::{Busy, GenerateError};
 pub use pool::{Contexts, EnginePool};
 pub use session::{GenStats, KvSession};
 
+/// Where a reply's tokens go while they are generated (the streamed reply), called on the
+/// engine thread between decode steps: an implementation must not block.
+pub trait TokenSink {
+    /// A token of the reply, as soon as it is sampled (before it is decoded).
+    fn token(&mut self, engine: &Engine, t: LlamaToken);
+    /// The reply ended (end of turn or its token budget); `reply` is every token of it.
+    fn finished(&mut self, engine: &Engine, reply: &[LlamaToken]);
+}
+
+/// No sink: a reply nobody streams.
+impl TokenSink for () {
+    fn token(&mut self, _: &Engine, _: LlamaToken) {}
+    fn finished(&mut self, _: &Engine, _: &[LlamaToken]) {}
+}
+
 /// The llama.cpp build whose state format snapshots carry (pinned in Cargo.lock).
 pub const LLAMA_BUILD: &str = "llama-cpp-sys-2/0.1.161";
 
@@ -254,8 +269,18 @@ impl Engine {
     }
 
     pub fn detokenize(&self, tokens: &[LlamaToken]) -> String {
-        let bytes = self.model.vocab().detokenize(tokens, true, false);
-        String::from_utf8_lossy(&bytes).into_owned()
+        String::from_utf8_lossy(&self.detokenize_bytes(tokens)).into_owned()
+    }
+
+    /// [`Engine::detokenize`] before the UTF-8 check: the tokens of a reply still being
+    /// generated can end inside a character.
+    pub fn detokenize_bytes(&self, tokens: &[LlamaToken]) -> Vec<u8> {
+        // llama-cpp-2 0.1.160 sizes its buffer as `2 * len - 1` for an empty slice too,
+        // which underflows (a capacity-overflow panic): nothing decodes to nothing.
+        if tokens.is_empty() {
+            return Vec::new();
+        }
+        self.model.vocab().detokenize(tokens, true, false)
     }
 
     fn is_eog(&self, t: LlamaToken) -> bool {

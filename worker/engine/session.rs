@@ -9,7 +9,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{Engine, EngineError, Result, SEQ};
+use super::{Engine, EngineError, Result, TokenSink, SEQ};
 use crate::snapshot::{SegKind, Segment};
 
 /// Timings of one generation, in milliseconds.
@@ -176,6 +176,17 @@ impl<'e, 'c> KvSession<'e, 'c> {
         abort: &AtomicBool,
         stats: &mut GenStats,
     ) -> Result<Vec<LlamaToken>> {
+        self.generate_into(max, abort, stats, &mut ())
+    }
+
+    /// [`KvSession::generate`], handing each token to `sink` as soon as it is sampled.
+    pub fn generate_into(
+        &mut self,
+        max: u32,
+        abort: &AtomicBool,
+        stats: &mut GenStats,
+        sink: &mut dyn TokenSink,
+    ) -> Result<Vec<LlamaToken>> {
         let started = Instant::now();
         let mut sampler = self.engine.sampler();
         let mut out = Vec::new();
@@ -195,6 +206,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
             // `sample` has already accepted `t` into the chain (llama_sampler_sample does):
             // accepting again would count every token twice in the penalty window.
             out.push(t);
+            sink.token(self.engine, t);
             batch.clear();
             let pos = (self.tokens.len() + out.len() - 1) as i32;
             batch
@@ -210,6 +222,7 @@ impl<'e, 'c> KvSession<'e, 'c> {
             last.len += out.len() as u32;
         }
         stats.generate_ms = started.elapsed().as_millis() as u64;
+        sink.finished(self.engine, &out);
         Ok(out)
     }
 

@@ -1,5 +1,6 @@
 //! `/v1/chat/completions`: enqueue through the same SQL path as any backend, wait for the
-//! fenced completion, and answer in OpenAI's shape.
+//! fenced completion, and answer in OpenAI's shape; with `"stream": true` the reply is
+//! relayed as it is generated ([`super::sse`]).
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use tokio::sync::broadcast;
 
 use crate::queue::{self, TurnId};
 
+use super::answer::{fingerprint, OwnedTurnRow};
 use super::{header, ApiError, AppState};
 
 #[derive(Deserialize)]
@@ -29,6 +31,18 @@ struct ChatRequest {
     session_id: Option<String>,
     #[serde(default)]
     character_id: Option<i64>,
+    /// Server-sent `chat.completion.chunk` events instead of one `chat.completion`.
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    /// A last chunk with `usage` (and `"usage": null` on every other chunk).
+    #[serde(default)]
+    include_usage: bool,
 }
 
 #[derive(Deserialize)]
@@ -104,7 +118,18 @@ pub(super) async fn chat(
         key.as_deref(),
     )
     .await?;
-    wait_done(&state.pool, &mut done, id, Duration::from_millis(timeout)).await?;
+    let timeout = Duration::from_millis(timeout);
+    if req.stream {
+        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
+        let reply = super::sse::Reply {
+            id,
+            user,
+            model: req.model,
+            include_usage,
+        };
+        return super::sse::stream(state, reply, timeout).await;
+    }
+    wait_done(&state.pool, &mut done, id, timeout).await?;
     respond(&state, id, &user, req.model).await
 }
 
@@ -159,78 +184,31 @@ async fn wait_done(
     }
 }
 
-/// A turn with its latest log row, as `turn_owned.sql` returns it; the log columns are
-/// null while the turn has no log row.
-#[derive(Debug, sqlx::FromRow)]
-struct OwnedTurnRow {
-    session_id: String,
-    state: String,
-    reply: Option<String>,
-    error: Option<String>,
-    attempts: i32,
-    created: i64,
-    u_tokens: Option<i32>,
-    r_tokens: Option<i32>,
-    cold: Option<bool>,
-    digest_injected: Option<bool>,
-    tokens_in_kv: Option<i32>,
-    digest_version: Option<String>,
-}
-
 async fn respond(
     state: &AppState,
     id: TurnId,
     user: &str,
     model: Option<String>,
 ) -> Result<Response, ApiError> {
-    let row = sqlx::query_as::<_, OwnedTurnRow>(include_str!("../../sql/http/turn_owned.sql"))
-        .bind(id.0)
-        .bind(user)
-        .fetch_one(&state.pool)
-        .await?;
-    let error = row.error;
-    match row.state.as_str() {
-        "failed" => {
-            let mut e = ApiError::bad_request(error.unwrap_or_default());
-            e.extra = json!({ "turn_id": id.0 });
-            return Err(e);
-        }
-        "dead" => {
-            let mut e = ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "server_error",
-                format!(
-                    "turn failed after {} attempts: {}",
-                    row.attempts,
-                    error.unwrap_or_default()
-                ),
-            );
-            e.extra = json!({ "turn_id": id.0 });
-            return Err(e);
-        }
-        _ => {}
+    let row = OwnedTurnRow::fetch(&state.pool, id, user)
+        .await?
+        .ok_or(sqlx::Error::RowNotFound)?;
+    if let Some(e) = row.error(id) {
+        return Err(e);
     }
-    let (u, r) = (row.u_tokens.unwrap_or(0), row.r_tokens.unwrap_or(0));
     let body = json!({
         "id": format!("chatcmpl-{}", id.0),
         "object": "chat.completion",
         "created": row.created,
         "model": model.unwrap_or_else(|| "kvmem".into()),
-        "system_fingerprint": format!("kvmem-{}", &state.model_sha[..state.model_sha.len().min(12)]),
+        "system_fingerprint": fingerprint(state),
         "choices": [{
             "index": 0,
-            "message": { "role": "assistant", "content": row.reply.unwrap_or_default() },
+            "message": { "role": "assistant", "content": row.reply.clone().unwrap_or_default() },
             "finish_reason": "stop",
         }],
-        "usage": { "prompt_tokens": u, "completion_tokens": r, "total_tokens": u + r },
-        "kvmem": {
-            "turn_id": id.0,
-            "session_id": row.session_id,
-            "cold": row.cold,
-            "digest_injected": row.digest_injected,
-            "digest_version": row.digest_version,
-            "tokens_in_kv": row.tokens_in_kv,
-        },
+        "usage": row.usage(),
+        "kvmem": row.kvmem(id),
     });
     Ok(Json(body).into_response())
 }

@@ -33,15 +33,20 @@ impl ApiError {
     pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
+
+    /// The `error` object of the body: message, type, and what `extra` adds.
+    pub(super) fn body(&self) -> Value {
+        let mut error = json!({ "message": self.message, "type": self.kind });
+        if let Value::Object(extra) = &self.extra {
+            error.as_object_mut().expect("object").extend(extra.clone());
+        }
+        error
+    }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = json!({ "message": self.message, "type": self.kind });
-        if let Value::Object(extra) = self.extra {
-            error.as_object_mut().expect("object").extend(extra);
-        }
-        (self.status, Json(json!({ "error": error }))).into_response()
+        (self.status, Json(json!({ "error": self.body() }))).into_response()
     }
 }
 

@@ -1,6 +1,6 @@
 //! Seed 000's kvserver interface over HTTP: an OpenAI-compatible chat endpoint that
-//! enqueues through the same SQL path as any backend and waits for the fenced completion,
-//! plus rotate-hint, info and Prometheus metrics.
+//! enqueues through the same SQL path as any backend and waits for the fenced completion
+//! (or relays the reply as it is generated), plus rotate-hint, info and Prometheus metrics.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +22,14 @@ use tracing::warn;
 use crate::config::Settings;
 use crate::queue;
 
+mod answer;
 mod chat;
 mod error;
 mod hint;
 mod memory;
 pub mod memory_api;
 mod ops;
+mod sse;
 
 use chat::chat;
 use error::ApiError;
@@ -47,12 +49,15 @@ pub struct AppState {
     /// Long-term memory for `/v1/memory/*` (503 there without it).
     pub memory: Option<Arc<crate::memory::MemoryService>>,
     done: broadcast::Sender<i64>,
+    /// The LISTEN connection streamed replies are followed through.
+    hub: crate::stream::Hub,
 }
 
 impl AppState {
     pub fn new(pool: PgPool, settings: Arc<Settings>, model_sha: String) -> AppState {
         let (done, _) = broadcast::channel(4096);
         AppState {
+            hub: crate::stream::Hub::new(pool.clone()),
             pool,
             settings,
             model_sha,

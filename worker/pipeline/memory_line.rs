@@ -54,6 +54,33 @@ pub fn split(reply: &str) -> Split {
     }
 }
 
+/// How much of `text`, a reply still being generated, the stored reply holds whatever the
+/// model adds: [`split`] cuts at the first marker and trims the whitespace before it, so
+/// the end of `text` that could still grow into a marker, and the whitespace before it,
+/// are not settled yet. Once a marker has begun, nothing after it ever is.
+pub fn settled_len(text: &str) -> usize {
+    let at = OPENERS.iter().filter_map(|m| ascii_find(text, m)).min();
+    let end = at.unwrap_or_else(|| {
+        OPENERS
+            .iter()
+            .filter_map(|m| partial_at_end(text, m))
+            .min()
+            .unwrap_or(text.len())
+    });
+    text[..end].trim_end().len()
+}
+
+/// Where the longest end of `hay` that is a proper start of `marker` (ignoring ASCII case)
+/// begins.
+fn partial_at_end(hay: &str, marker: &str) -> Option<usize> {
+    (1..marker.len()).rev().find_map(|k| {
+        let at = hay.len().checked_sub(k)?;
+        (hay.is_char_boundary(at)
+            && hay.as_bytes()[at..].eq_ignore_ascii_case(&marker.as_bytes()[..k]))
+        .then_some(at)
+    })
+}
+
 /// Byte offset of the ASCII `needle` in `hay`, ignoring ASCII case (byte-wise, so the
 /// offset is valid in `hay` itself, which `to_lowercase` would not guarantee).
 fn ascii_find(hay: &str, needle: &str) -> Option<usize> {
@@ -95,6 +122,30 @@ mod tests {
         ] {
             let s = split(r);
             assert_eq!((s.reply.as_str(), s.line, s.stripped), (r, None, false));
+        }
+    }
+
+    #[test]
+    fn settled_text_never_holds_what_split_would_cut() {
+        // What may still become a marker, and the whitespace before it, wait.
+        assert_eq!(settled_len("Hello [[Reme"), "Hello".len());
+        assert_eq!(settled_len("Hello ["), "Hello".len());
+        assert_eq!(settled_len("Hello  \n"), "Hello".len());
+        assert_eq!(settled_len("a [b"), "a [b".len());
+        assert_eq!(settled_len("x [[memory: y"), "x".len());
+        assert_eq!(settled_len("done. [[remember: k]] more"), "done.".len());
+        assert_eq!(settled_len("Ünï ["), "Ünï".len());
+        assert_eq!(settled_len(""), 0);
+        // Every prefix's settled text is a prefix of what split keeps of the whole reply.
+        let whole = "The gate held. \n[[remember: Vex guards the gate]] extra";
+        let kept = split(whole).reply;
+        for end in (0..=whole.len()).filter(|&i| whole.is_char_boundary(i)) {
+            let n = settled_len(&whole[..end]);
+            assert!(kept.starts_with(&whole[..n]), "{:?}", &whole[..end]);
+        }
+        let plain = "No tail here, just [brackets] and  spaces ";
+        for end in (0..=plain.len()).filter(|&i| plain.is_char_boundary(i)) {
+            assert!(plain.starts_with(&plain[..settled_len(&plain[..end])]));
         }
     }
 

@@ -12,6 +12,7 @@ pub mod kv;
 mod load;
 pub mod memory_line;
 pub mod recall;
+pub mod reply_stream;
 mod save;
 
 use std::sync::atomic::AtomicBool;
@@ -31,9 +32,14 @@ use crate::engine::{Engine, EngineError, EnginePool};
 use crate::memory::MemoryService;
 use crate::metrics::Metrics;
 use crate::snapshot::{self, Limits, SnapshotStore};
+use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOutput};
 use kv::{KvOutcome, Start, TurnJob, TurnRun};
+
+/// How long a finished turn waits at most for its reply's last delta to be published
+/// (it is, long before the save is done; a stalled publisher must not hold a turn).
+const STREAM_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The llama.cpp generator: engine threads, snapshot store, settings and the database.
 pub struct TurnPipeline {
@@ -47,6 +53,9 @@ pub struct TurnPipeline {
     metrics: Arc<Metrics>,
     /// Recall's retrieval (the query embedder and the search), made on the first turn.
     memory: tokio::sync::OnceCell<Option<MemoryService>>,
+    /// Publishes replies as they are generated; started on the first turn, inside the
+    /// runtime, when `stream_deltas` is on.
+    publisher: std::sync::OnceLock<Publisher>,
 }
 
 /// What a turn reads before it touches the KV.
@@ -95,6 +104,7 @@ impl TurnPipeline {
             db,
             metrics,
             memory: tokio::sync::OnceCell::new(),
+            publisher: std::sync::OnceLock::new(),
         })
     }
 
@@ -161,10 +171,16 @@ impl TurnPipeline {
             tail: s.kv_tail_tokens,
             reply_max: s.reply_max_tokens,
             export: s.kv_only_enabled,
+            stream: s.stream_deltas.then(|| {
+                self.publisher
+                    .get_or_init(|| Publisher::spawn(self.db.clone()))
+                    .target(turn.id.0, turn.fencing_token, &turn.session_id)
+            }),
         };
         // What the turn spent before its engine thread (inputs, recall, snapshot read)
         // counts towards its time to first token.
         let before_engine_ms = turn_started.elapsed().as_millis() as u64;
+        let stream = job.stream.clone();
         let mut outcome = self.generate(job.clone(), start, &abort, &log).await?;
         if let KvOutcome::Refused(why) = outcome {
             let (start, reason) = self.cold_start(turn, &inputs, last_done, why).await?;
@@ -192,6 +208,10 @@ impl TurnPipeline {
             log.save_ms = saved_at.elapsed().as_millis() as u64;
         }
         let run = *run;
+        if let Some(stream) = &stream {
+            // The commit's end message must not overtake the reply's last delta.
+            stream.flushed(STREAM_FLUSH_WAIT).await;
+        }
         let mut memory_ops = inputs.memory_ops;
         memory_ops.extend(run.memory_line.map(MemoryOp::Line));
         Ok(TurnOutput {
@@ -358,6 +378,7 @@ impl TurnPipeline {
         log.load_ms = run.load_ms;
         log.prefill_ms = run.stats.prefill_ms;
         log.prefill_tokens = run.prefill_tokens;
+        log.prompt_tokens = run.prompt_tokens;
         log.hud_kept = run.hud_kept;
         log.ttft_ms = run.stats.ttft_ms;
         log.generate_ms = run.stats.generate_ms;

@@ -69,6 +69,9 @@ pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: Cancellation
         if let Err(e) = queue::trim_events(&deps.pool, deps.settings.events_retention_hours).await {
             warn!(error = %e, "event retention failed");
         }
+        if let Err(e) = crate::stream::trim(&deps.pool).await {
+            warn!(error = %e, "reply delta retention failed");
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}

@@ -90,6 +90,9 @@ pub struct KvLog {
     pub prefill_ms: u64,
     /// Prompt tokens decoded before the first reply token.
     pub prefill_tokens: u32,
+    /// The whole prompt the reply was conditioned on: the KV when generation started
+    /// (restored from the snapshot, or decoded this turn). OpenAI's `usage.prompt_tokens`.
+    pub prompt_tokens: u32,
     /// The KV ended with the current HUD, which was therefore not decoded again.
     pub hud_kept: bool,
     /// Where a warm turn's snapshot came from (local, cache, remote); `None` when cold.
@@ -136,6 +139,7 @@ impl KvLog {
             load_ms: 0,
             prefill_ms: 0,
             prefill_tokens: 0,
+            prompt_tokens: 0,
             hud_kept: false,
             kv_source: None,
             ttft_ms: 0,
@@ -200,6 +204,7 @@ impl KvLog {
             "load_ms": self.load_ms.min(i32::MAX as u64),
             "prefill_ms": self.prefill_ms.min(i32::MAX as u64),
             "prefill_tokens": self.prefill_tokens,
+            "prompt_tokens": self.prompt_tokens,
             "hud_kept": self.hud_kept,
             "kv_source": self.kv_source,
             "ttft_ms": self.ttft_ms.min(i32::MAX as u64),

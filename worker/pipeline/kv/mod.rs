@@ -15,10 +15,12 @@ use llama_cpp_2::token::LlamaToken;
 
 use super::history;
 use super::recall::{ContextBlock, RecallItem};
+use super::reply_stream::ReplyStream;
 use crate::context::digest;
 use crate::engine::batch::SeqJob;
-use crate::engine::{self, Contexts, Engine, GenStats, KvSession};
+use crate::engine::{self, Contexts, Engine, GenStats, KvSession, TokenSink};
 use crate::snapshot::{self, SegKind, Segment, Snapshot};
+use crate::stream;
 use crate::turn::log::Rebuild;
 use crate::turn::{KvRecord, TurnError};
 
@@ -49,6 +51,8 @@ pub struct TurnJob {
     pub tail: u32,
     pub reply_max: u32,
     pub export: bool,
+    /// Where the reply streams while it is generated; `None`: it is not streamed.
+    pub stream: Option<stream::Target>,
 }
 
 /// Where the turn's KV comes from.
@@ -108,6 +112,9 @@ pub struct TurnRun {
     /// Prompt tokens decoded before the first reply token (a cold start's lay-back, a
     /// prune's re-decode, injected blocks, a changed HUD, the message).
     pub prefill_tokens: u32,
+    /// The whole prompt the reply was conditioned on: what the KV held when generation
+    /// started, restored or decoded.
+    pub prompt_tokens: u32,
     /// The HUD the KV ended with was the current one, so it was not decoded again.
     pub hud_kept: bool,
     pub stats: GenStats,
@@ -136,6 +143,26 @@ struct Prepared {
 }
 
 impl Prepared {
+    /// The reply's stream, opened with what the turn knows as it starts generating: the
+    /// first delta's `meta`, which the HTTP relay's first chunk carries.
+    fn open_stream(&self, engine: &Engine, prompt: Prompt) -> ReplyStream {
+        let mut reply = ReplyStream::new(
+            self.job.stream.as_ref().map(stream::Target::open),
+            &self.blocks.prefix,
+        );
+        reply.start(
+            engine,
+            serde_json::json!({
+                "cold": self.loaded.rebuild.is_some(),
+                "digest_injected": self.injected.digest.is_some(),
+                "digest_version": self.job.digest.version,
+                "prompt_tokens": prompt.prompt_tokens,
+                "cached_tokens": prompt.prompt_tokens.saturating_sub(prompt.prefill_tokens),
+            }),
+        );
+        reply
+    }
+
     /// The tokens that open the exchange (a new turn segment): the whole user block after
     /// injected blocks, else the message after the HUD segment's opening.
     fn message(&self) -> &[LlamaToken] {
@@ -175,19 +202,25 @@ pub fn run_in_context(
         prefill_ms: prepared.prefill_started.elapsed().as_millis() as u64,
         ..GenStats::default()
     };
-    let prefill_tokens = session.decoded();
+    let prompt = Prompt {
+        prefill_tokens: session.decoded(),
+        prompt_tokens: session.len(),
+    };
 
-    // 4. Generate, after the worker-written start of the reply when there is one.
-    let generated = session.generate(prepared.job.reply_max, abort, &mut stats)?;
+    // 4. Generate, after the worker-written start of the reply when there is one, each
+    // token streamed as it comes.
+    let mut reply = prepared.open_stream(engine, prompt);
+    let generated = session.generate_into(prepared.job.reply_max, abort, &mut stats, &mut reply)?;
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
-    finish(
-        engine,
-        &mut session,
-        prepared,
-        generated,
-        prefill_tokens,
-        stats,
-    )
+    finish(engine, &mut session, prepared, generated, prompt, stats)
+}
+
+/// The prompt a reply was conditioned on: what the KV held when generation started, and
+/// how much of it this turn decoded.
+#[derive(Debug, Clone, Copy)]
+struct Prompt {
+    prefill_tokens: u32,
+    prompt_tokens: u32,
 }
 
 /// One turn of [`run_batch`].
@@ -230,14 +263,20 @@ pub fn run_batch(
     let mut results: Vec<Option<Result<KvOutcome, TurnError>>> = Vec::new();
     let mut held = Vec::new();
     let mut seqs = Vec::new();
+    let mut streams = Vec::new();
     for turn in turns {
         let prepared = match prepare(engine, &mut ctxs.work, turn.job, turn.start) {
             Ok(Opened::Ready(session, prepared)) => {
-                let message = prepared.message();
+                let pending = [prepared.message(), &prepared.blocks.prefix[..]].concat();
+                let prompt = Prompt {
+                    prefill_tokens: session.decoded() + pending.len() as u32,
+                    prompt_tokens: session.len() + pending.len() as u32,
+                };
+                streams.push(prepared.open_stream(engine, prompt));
                 seqs.push(SeqJob {
                     state: session.export_state(),
                     held: session.len(),
-                    pending: [message, &prepared.blocks.prefix[..]].concat(),
+                    pending,
                     max: prepared.job.reply_max,
                     abort: turn.abort,
                 });
@@ -256,14 +295,24 @@ pub fn run_batch(
     }
     let pending: Vec<Vec<LlamaToken>> = seqs.iter().map(|s| s.pending.clone()).collect();
     let joint_at = Instant::now();
-    let decoded = engine::batch::decode_together(engine, batch_ctx, seqs);
+    let mut sinks: Vec<&mut dyn TokenSink> = streams
+        .iter_mut()
+        .map(|r| r as &mut dyn TokenSink)
+        .collect();
+    let decoded = engine::batch::decode_together_into(engine, batch_ctx, seqs, &mut sinks);
+    // An aborted turn's stream tells the publisher now, not after every turn's step 5.
+    drop(sinks);
+    drop(streams);
     let mut ran = decoded.into_iter().zip(held).zip(pending);
     for slot in results.iter_mut().filter(|r| r.is_none()) {
         let Some(((done, (tokens, segments, decoded, prepared)), pending)) = ran.next() else {
             break;
         };
         *slot = Some(done.map_err(TurnError::from).and_then(|done| {
-            let prefill_tokens = decoded + pending.len() as u32;
+            let prompt = Prompt {
+                prefill_tokens: decoded + pending.len() as u32,
+                prompt_tokens: (tokens.len() + pending.len()) as u32,
+            };
             let mut tokens = tokens;
             tokens.extend(pending.iter().chain(&done.generated).map(|t| t.0));
             let mut segments = segments;
@@ -285,7 +334,7 @@ pub fn run_batch(
                 &mut session,
                 *prepared,
                 done.generated,
-                prefill_tokens,
+                prompt,
                 stats,
             )
         }));

@@ -6,12 +6,12 @@ use std::time::Instant;
 use llama_cpp_2::token::LlamaToken;
 
 use crate::engine::{Engine, GenStats, KvSession};
-use crate::pipeline::memory_line;
+use crate::pipeline::reply_stream::reply_split;
 use crate::snapshot::SegKind;
 use crate::turn::TurnError;
 
 use super::blocks::Blocks;
-use super::{KvOutcome, Prepared, TurnRun};
+use super::{KvOutcome, Prepared, Prompt, TurnRun};
 
 /// Step 5's engine half after the reply: the hidden memory line comes off, the exchange
 /// settles into the KV, and the state is exported for the save.
@@ -20,7 +20,7 @@ pub(super) fn finish(
     session: &mut KvSession,
     prepared: Prepared,
     generated: Vec<LlamaToken>,
-    prefill_tokens: u32,
+    prompt: Prompt,
     mut stats: GenStats,
 ) -> Result<KvOutcome, TurnError> {
     let Prepared {
@@ -36,8 +36,9 @@ pub(super) fn finish(
         ..
     } = prepared;
     let reply = [&blocks.prefix[..], &generated[..]].concat();
-    // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored.
-    let hidden = memory_line::split(&engine.detokenize(&reply));
+    // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored
+    // (the same text the stream's last delta completed).
+    let hidden = reply_split(engine, &reply);
     let stored = if hidden.stripped {
         engine.tokenize_plain(&hidden.reply)
     } else {
@@ -77,7 +78,8 @@ pub(super) fn finish(
         recalled: injected.recall.map(|(_, keys)| keys).unwrap_or_default(),
         recall_in_kv,
         load_ms,
-        prefill_tokens,
+        prefill_tokens: prompt.prefill_tokens,
+        prompt_tokens: prompt.prompt_tokens,
         hud_kept,
         stats,
     })))

@@ -1,0 +1,97 @@
+//! What the chat endpoint answers from, streamed or not: the caller's own turn with its
+//! log row, and the parts of OpenAI's shape made from it (usage, the error of a turn that
+//! ended without a reply, the `kvmem` block).
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use super::{ApiError, AppState};
+use crate::queue::TurnId;
+
+/// A turn with its latest log row, as `turn_owned.sql` returns it; the log columns are
+/// null while the turn has no log row.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct OwnedTurnRow {
+    pub(super) session_id: String,
+    pub(super) state: String,
+    pub(super) reply: Option<String>,
+    error: Option<String>,
+    attempts: i32,
+    pub(super) created: i64,
+    u_tokens: Option<i32>,
+    r_tokens: Option<i32>,
+    cold: Option<bool>,
+    digest_injected: Option<bool>,
+    tokens_in_kv: Option<i32>,
+    digest_version: Option<String>,
+    prompt_tokens: Option<i32>,
+    prefill_tokens: Option<i32>,
+}
+
+impl OwnedTurnRow {
+    /// The turn, if it belongs to `user` (another user's turn reads as no turn).
+    pub(super) async fn fetch(
+        pool: &PgPool,
+        id: TurnId,
+        user: &str,
+    ) -> Result<Option<OwnedTurnRow>, sqlx::Error> {
+        sqlx::query_as(include_str!("../../sql/http/turn_owned.sql"))
+            .bind(id.0)
+            .bind(user)
+            .fetch_optional(pool)
+            .await
+    }
+
+    /// The error a turn that ended without a reply answers with.
+    pub(super) fn error(&self, id: TurnId) -> Option<ApiError> {
+        let error = self.error.clone().unwrap_or_default();
+        let mut e = match self.state.as_str() {
+            "failed" => ApiError::bad_request(error),
+            "dead" => ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                format!("turn failed after {} attempts: {error}", self.attempts),
+            ),
+            _ => return None,
+        };
+        e.extra = json!({ "turn_id": id.0 });
+        Some(e)
+    }
+
+    /// OpenAI's usage: the prompt is everything the reply was conditioned on (the KV when
+    /// generation started), of which `cached_tokens` came from the session's snapshot
+    /// rather than being decoded this turn.
+    pub(super) fn usage(&self) -> Value {
+        let prompt = self.prompt_tokens.unwrap_or(0);
+        let cached = (prompt - self.prefill_tokens.unwrap_or(0)).max(0);
+        let completion = self.r_tokens.unwrap_or(0);
+        json!({
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": { "cached_tokens": cached },
+        })
+    }
+
+    /// The `kvmem` block: what the turn did with the session's KV and digest.
+    pub(super) fn kvmem(&self, id: TurnId) -> Value {
+        json!({
+            "turn_id": id.0,
+            "session_id": self.session_id,
+            "cold": self.cold,
+            "digest_injected": self.digest_injected,
+            "digest_version": self.digest_version,
+            "tokens_in_kv": self.tokens_in_kv,
+            "user_tokens": self.u_tokens,
+        })
+    }
+}
+
+/// `system_fingerprint`: the model file, as `/v1/info` names it.
+pub(super) fn fingerprint(state: &AppState) -> String {
+    format!(
+        "kvmem-{}",
+        &state.model_sha[..state.model_sha.len().min(12)]
+    )
+}
