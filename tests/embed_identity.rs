@@ -142,7 +142,7 @@ async fn a_search_compares_its_query_only_with_vectors_of_its_own_model(pool: Pg
     // The switch: every message and the fact are another model's. Words still find them;
     // no vector takes part, and the response says how many messages were left out.
     let paraphrase = "how did the ceramics workshop go";
-    for ranker in [RankerKind::Hybrid, RankerKind::Seed002, RankerKind::Vector] {
+    for ranker in [RankerKind::Hybrid, RankerKind::Weighted, RankerKind::Vector] {
         let res = search::search(&new, &req("dana", paraphrase, ranker))
             .await
             .unwrap();
@@ -337,8 +337,8 @@ async fn a_switch_never_crosses_the_wall_between_users(pool: PgPool) {
         for q in questions {
             for ranker in [
                 RankerKind::Hybrid,
-                RankerKind::Seed001,
-                RankerKind::Seed002,
+                RankerKind::RecencyImportance,
+                RankerKind::Weighted,
                 RankerKind::Lexical,
                 RankerKind::Vector,
             ] {

@@ -331,11 +331,11 @@ fn rankers_match_hand_computed_scores() {
         vector_rank: Some(2),
         ..Signals::default()
     };
-    // seed001: 0.40*0.8 + 0.30*0.5^(14/14) + 0.30*0.5 = 0.32 + 0.15 + 0.15 = 0.62
-    assert!((rank::seed001(&a, now).score - 0.62).abs() < 1e-9);
-    // seed002: recency 1/(1+14/45) = 0.7627118644;
+    // recency-importance: 0.40*0.8 + 0.30*0.5^(14/14) + 0.30*0.5 = 0.32 + 0.15 + 0.15 = 0.62
+    assert!((rank::recency_importance(&a, now).score - 0.62).abs() < 1e-9);
+    // weighted: recency 1/(1+14/45) = 0.7627118644;
     // 0.5*0.8 + 0.28*0.5 + 0.10*0.9 + 0.07*0.7627118644 + 0.05*1 = 0.7333898305
-    let s = rank::seed002(&a, now);
+    let s = rank::weighted(&a, now);
     assert!((s.score - 0.7333898305).abs() < 1e-9, "{}", s.score);
     assert!(s.passes_gate);
     // No semantic: 0.75*0.5 + 0.10*0.9 + 0.10*0.7627118644 + 0.05*1 = 0.5912711864
@@ -343,7 +343,7 @@ fn rankers_match_hand_computed_scores() {
         semantic: None,
         ..a.clone()
     };
-    assert!((rank::seed002(&no_sem, now).score - 0.5912711864).abs() < 1e-9);
+    assert!((rank::weighted(&no_sem, now).score - 0.5912711864).abs() < 1e-9);
     // Weak lexical-only candidate: 0.75*0.2 + 0.10*0.5 + 0.10*1 + 0.05*0.25 = 0.3125,
     // below both gates (lexical 0.2 < 0.24, combined < 0.62).
     let b = Signals {
@@ -353,7 +353,7 @@ fn rankers_match_hand_computed_scores() {
         channel: 0.25,
         ..Signals::default()
     };
-    let sb = rank::seed002(&b, now);
+    let sb = rank::weighted(&b, now);
     assert!((sb.score - 0.3125).abs() < 1e-9);
     assert!(!sb.passes_gate);
     // hybrid without a span, BM25 or time: the cosine alone, 0.8.
@@ -377,7 +377,7 @@ fn rankers_match_hand_computed_scores() {
 }
 
 #[sqlx::test(migrations = false)]
-async fn seed002_no_semantic_scores_a_stored_message_by_hand(pool: PgPool) {
+async fn weighted_no_semantic_scores_a_stored_message_by_hand(pool: PgPool) {
     common::migrate(&pool).await;
     let svc = MemoryService::new(
         pool.clone(),
@@ -386,7 +386,7 @@ async fn seed002_no_semantic_scores_a_stored_message_by_hand(pool: PgPool) {
     .await;
     assert!(svc.embedder.is_none());
     import_fixture(&svc).await;
-    let res = search::search(&svc, &req("alice", "Ana Porto", RankerKind::Seed002))
+    let res = search::search(&svc, &req("alice", "Ana Porto", RankerKind::Weighted))
         .await
         .unwrap();
     assert!(!res.semantic);
@@ -741,8 +741,8 @@ async fn tenants_are_walls(pool: PgPool) {
     // bob searches for alice's words: only bob's rows come back.
     for ranker in [
         RankerKind::Hybrid,
-        RankerKind::Seed001,
-        RankerKind::Seed002,
+        RankerKind::RecencyImportance,
+        RankerKind::Weighted,
         RankerKind::Lexical,
         RankerKind::Vector,
     ] {

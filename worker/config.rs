@@ -99,7 +99,7 @@ pub struct Settings {
     /// The sentence-embedding GGUF (all-MiniLM-L6-v2); missing = lexical-only memory.
     #[serde(default = "default_embed_model")]
     pub memory_embed_model_path: Option<PathBuf>,
-    /// seed001 | seed002 | hybrid | lexical | vector.
+    /// hybrid | weighted | recency-importance | lexical | vector.
     #[serde(default = "default_ranker")]
     pub memory_ranker: String,
     /// Llama workers run memory-lane jobs (embedding, extraction, remember/forget) while

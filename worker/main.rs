@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum GeneratorKind {
-    /// Seed 000's pipeline on the model at KVMEM_MODEL_PATH.
+    /// The turn pipeline on the model at KVMEM_MODEL_PATH.
     Llama,
     /// Queue-test and benchmark generator: replies `echo: <message>`, loads no model.
     Echo,
@@ -40,14 +40,14 @@ enum Command {
     Worker(WorkerArgs),
     /// Queue one turn, as a backend would with `SELECT kvmem_enqueue_turn(...)`.
     Enqueue(EnqueueArgs),
-    /// Seed 000's 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
+    /// A 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
     Demo {
         /// `memory`: a session closes, is summarised, and the next one opens with it.
         #[arg(long, value_enum, default_value = "runbook")]
         scene: kvmem::cmd::demo::Scene,
     },
-    /// Seed 000's kvserver HTTP API (chat completions, rotate-hint, info, metrics), with
+    /// The HTTP API (OpenAI-style chat completions, rotate-hint, info, metrics), with
     /// a worker in the same process unless --no-worker.
     Serve(ServeArgs),
     /// Re-run recorded sessions into new sessions on the replay lane and compare replies.
@@ -62,7 +62,7 @@ enum Command {
     },
     /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
     Memory(kvmem::cmd::memory::MemoryArgs),
-    /// Summaries: show, rebuild, work, context, export/import of a seed 003 context.
+    /// Summaries: show, rebuild, work, context, export/import of a context document.
     Summary(kvmem::summary::cli::SummaryArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {

@@ -108,7 +108,7 @@ fn model_path(settings: &Settings) -> Result<PathBuf> {
 /// Which scene `kvmem demo` plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scene {
-    /// Seed 000's 10-turn runbook: warm and cold starts, the digest, a summary table.
+    /// The 10-turn runbook: warm and cold starts, the digest, a summary table.
     Runbook,
     /// Issue 14's summaries: a session closes, its summary is made, a new session opens
     /// with it available.

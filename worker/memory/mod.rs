@@ -47,14 +47,17 @@ pub enum MemoryError {
 
 pub type Result<T, E = MemoryError> = std::result::Result<T, E>;
 
-/// The named rankers (issue 13): both seeds' formulas and kvmem's fused default.
+/// The named rankers: two fixed weighted formulas and kvmem's fused default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum RankerKind {
-    /// Seed 001: 0.40 similarity, 0.30 recency (14-day half-life), 0.30 entity frequency.
-    Seed001,
-    /// Seed 002: 0.50 semantic, 0.28 lexical, 0.10 confidence, 0.07 recency, 0.05 channel.
-    Seed002,
+    /// 0.40 similarity, 0.30 recency (14-day half-life), 0.30 entity frequency.
+    #[serde(rename = "recency-importance", alias = "seed001")]
+    RecencyImportance,
+    /// 0.50 semantic, 0.28 lexical, 0.10 confidence, 0.07 recency, 0.05 channel, with a
+    /// relevance gate.
+    #[serde(rename = "weighted", alias = "seed002")]
+    Weighted,
     /// Reciprocal-rank fusion of lexical, vector and time-window lists.
     #[default]
     Hybrid,
@@ -67,23 +70,38 @@ pub enum RankerKind {
 impl RankerKind {
     pub fn as_str(self) -> &'static str {
         match self {
-            RankerKind::Seed001 => "seed001",
-            RankerKind::Seed002 => "seed002",
+            RankerKind::RecencyImportance => "recency-importance",
+            RankerKind::Weighted => "weighted",
             RankerKind::Hybrid => "hybrid",
             RankerKind::Lexical => "lexical",
             RankerKind::Vector => "vector",
         }
     }
 
+    /// Parses a ranker's name. The spellings of the previous release (`seed001`,
+    /// `seed002`, named after the documents they came from) still parse, with a warning.
     pub fn parse(s: &str) -> Result<RankerKind> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "seed001" => Ok(RankerKind::Seed001),
-            "seed002" => Ok(RankerKind::Seed002),
+        let name = s.trim().to_ascii_lowercase();
+        let renamed = match name.as_str() {
+            "seed001" => Some(RankerKind::RecencyImportance),
+            "seed002" => Some(RankerKind::Weighted),
+            _ => None,
+        };
+        if let Some(kind) = renamed {
+            tracing::warn!(
+                "ranker {name:?} is deprecated and will be removed in the next release: use {:?}",
+                kind.as_str()
+            );
+            return Ok(kind);
+        }
+        match name.as_str() {
+            "recency-importance" => Ok(RankerKind::RecencyImportance),
+            "weighted" => Ok(RankerKind::Weighted),
             "hybrid" => Ok(RankerKind::Hybrid),
             "lexical" => Ok(RankerKind::Lexical),
             "vector" => Ok(RankerKind::Vector),
             other => Err(MemoryError::Invalid(format!(
-                "unknown ranker {other:?} (seed001, seed002, hybrid, lexical, vector)"
+                "unknown ranker {other:?} (hybrid, weighted, recency-importance, lexical, vector)"
             ))),
         }
     }
@@ -304,6 +322,11 @@ impl MemoryService {
     /// prefix); `None` without an embedder.
     pub fn model_id(&self) -> Option<&str> {
         self.embedder.as_deref().map(|e| e.id.as_str())
+    }
+
+    /// The embedder's cosine from which a line is about a query (recall's gate).
+    pub fn related_cosine(&self) -> Option<f64> {
+        self.embedder.as_deref().map(|e| e.related_cosine)
     }
 }
 

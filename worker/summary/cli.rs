@@ -62,7 +62,7 @@ pub enum SummaryCommand {
     },
     /// Run due summary jobs until none is left.
     Work,
-    /// Seed 004's merged user context (facts + today + days 2–7).
+    /// The merged user context (facts + today + days 2–7).
     Context {
         #[arg(long)]
         user: String,
@@ -70,14 +70,14 @@ pub enum SummaryCommand {
         #[arg(long, default_value = "")]
         scope: String,
     },
-    /// Write a seed 003 context document to a file.
+    /// Write a session's context document (recent history, summary, facts) to a file.
     Export {
         #[arg(long)]
         session: String,
         #[arg(long)]
         file: PathBuf,
     },
-    /// Store a seed 003 context document from a file.
+    /// Store a session's context document from a file.
     Import {
         #[arg(long)]
         file: PathBuf,

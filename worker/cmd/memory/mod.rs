@@ -49,7 +49,7 @@ pub struct ScopeArgs {
     pub character: Option<i64>,
     #[arg(long)]
     pub guild: Option<String>,
-    /// A ranking hint only (seed 002).
+    /// A ranking hint only: memories from this channel score slightly higher.
     #[arg(long)]
     pub channel: Option<String>,
 }
@@ -92,10 +92,10 @@ pub enum MemoryCommand {
         /// Search what was known and valid at this time (RFC 3339).
         #[arg(long)]
         as_of: Option<String>,
-        /// seed001 | seed002 | hybrid | lexical | vector (default: memory_ranker).
+        /// hybrid | weighted | recency-importance | lexical | vector (default: memory_ranker).
         #[arg(long)]
         ranker: Option<String>,
-        /// Seed 002's strict mode: only hits that pass the relevance gate.
+        /// Strict mode: only hits that pass the relevance gate.
         #[arg(long)]
         strict: bool,
         #[arg(long)]
@@ -127,7 +127,7 @@ pub enum MemoryCommand {
         #[arg(long)]
         text: String,
     },
-    /// Seed 001's todos of a user with one character (persona-scoped): open ones, or all.
+    /// The todos of a user with one character (persona-scoped): open ones, or all.
     Todos {
         #[arg(long)]
         user: String,
@@ -139,7 +139,7 @@ pub enum MemoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Seed 001's entity cards.
+    /// Entity cards: what is known about each person, place or thing.
     Cards {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -189,7 +189,7 @@ pub enum MemoryCommand {
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "lexical,vector,seed001,seed002,hybrid"
+            default_value = "lexical,vector,recency-importance,weighted,hybrid"
         )]
         rankers: Vec<String>,
         /// Use each question's as_of (the end of its conversation) as --as-of.

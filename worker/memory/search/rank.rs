@@ -52,9 +52,10 @@ fn age_days(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Seed 001: 0.40 similarity + 0.30 recency (exponential, 14-day half-life) + 0.30 entity
-/// frequency. Without a vector, similarity falls back to the lexical score.
-pub fn seed001(s: &Signals, now: DateTime<Utc>) -> Scored {
+/// 0.40 similarity + 0.30 recency (exponential, 14-day half-life) + 0.30 entity frequency
+/// (the memory-record design's formula). Without a vector, similarity falls back to the
+/// lexical score.
+pub fn recency_importance(s: &Signals, now: DateTime<Utc>) -> Scored {
     let sim = s.semantic.unwrap_or(s.lexical).max(0.0);
     let recency = 0.5f64.powf(age_days(s.at, now) / 14.0);
     let score = 0.40 * sim + 0.30 * recency + 0.30 * s.entity_freq;
@@ -69,11 +70,12 @@ pub fn seed001(s: &Signals, now: DateTime<Utc>) -> Scored {
     }
 }
 
-/// Seed 002's hybrid formula, or its no-semantic variant when there is no vector, and its
-/// relevance gate. Gate without semantic (seed 002's numbers): lexical >= 0.24 or
-/// combined >= 0.62. Gate with semantic (seed 002 names no numbers; kvmem's choice):
-/// semantic >= 0.30, or lexical >= 0.24, or combined >= 0.50 with semantic or lexical >= 0.15.
-pub fn seed002(s: &Signals, now: DateTime<Utc>) -> Scored {
+/// The weighted formula of the dashboard-search design, or its no-semantic variant when
+/// there is no vector, and its relevance gate. Gate without semantic (that design's
+/// numbers): lexical >= 0.24 or combined >= 0.62. Gate with semantic (the design names no
+/// numbers; kvmem's choice): semantic >= 0.30, or lexical >= 0.24, or combined >= 0.50
+/// with semantic or lexical >= 0.15.
+pub fn weighted(s: &Signals, now: DateTime<Utc>) -> Scored {
     let recency = 1.0 / (1.0 + age_days(s.at, now) / 45.0);
     let mut components = BTreeMap::from([
         ("lexical".into(), s.lexical),
@@ -160,8 +162,8 @@ pub fn hybrid(s: &Signals) -> Scored {
 /// Scores one candidate with the named ranker.
 pub fn score(kind: RankerKind, s: &Signals, now: DateTime<Utc>) -> Scored {
     match kind {
-        RankerKind::Seed001 => seed001(s, now),
-        RankerKind::Seed002 => seed002(s, now),
+        RankerKind::RecencyImportance => recency_importance(s, now),
+        RankerKind::Weighted => weighted(s, now),
         RankerKind::Hybrid => hybrid(s),
         RankerKind::Lexical => Scored {
             score: rrf(s.lexical_rank),
