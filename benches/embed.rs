@@ -1,6 +1,6 @@
-//! Embedding speed of one or more GGUF files of the same model, side by side in one
-//! process (issue 33: the query's embedding is part of every search, and the import's rate
-//! is set by the embedder). Numbers, never assertions. Run through `ops/bench-embed`.
+//! Embedding speed of GGUF embedders (one model's quantisations, or several models), side by side in one
+//! process: the query's embedding is part of every search, and the import's rate is set
+//! by the embedder. Numbers, never assertions. Run through `ops/bench-embed`.
 //!
 //! `cargo bench --bench embed -- MODEL.gguf [MODEL.gguf ...]`
 //! Texts: the tuning half of `ops/memory-evalset` (its questions as queries, its chat
@@ -120,8 +120,17 @@ fn main() -> Result<()> {
             }
         }
     }
+    // Vectors of two models are not comparable: only files of one model (the same name up
+    // to the first dot, such as its Q4_0 and Q8_0 files) are set side by side.
+    let family = |p: &PathBuf| {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        name.split('.').next().unwrap_or_default().to_string()
+    };
     for m in 1..models.len() {
-        let mut cos: Vec<f64> = first_vectors[0]
+        let Some(base) = (0..m).find(|&b| family(&paths[b]) == family(&paths[m])) else {
+            continue;
+        };
+        let mut cos: Vec<f64> = first_vectors[base]
             .iter()
             .zip(&first_vectors[m])
             .map(|(a, b)| dot(a, b) as f64)
@@ -130,7 +139,7 @@ fn main() -> Result<()> {
         println!(
             "query vectors of {} against {}: cosine min {:.4} p50 {:.4}",
             paths[m].display(),
-            paths[0].display(),
+            paths[base].display(),
             cos[0],
             pct(&cos, 0.5)
         );
