@@ -45,7 +45,7 @@ const PAUSE_POLL: Duration = Duration::from_millis(5);
 
 /// Prompt tokens per decode step in a background lane. A turn that arrives mid-step waits
 /// for the step to end: at the engine's whole batch (512) that was +1.2 s at the median on
-/// two cores; the README's "Summary benchmarks" has the figures at this size
+/// two cores; docs/benchmarks.md's "Summaries" has the figures at this size
 /// (`ops/bench-summary latency`).
 pub const BACKGROUND_PREFILL_CHUNK: usize = 32;
 
