@@ -35,3 +35,6 @@ pub mod summary;
 pub mod system;
 pub mod telemetry;
 pub mod turn;
+
+#[cfg(test)]
+mod config_reference;

@@ -230,3 +230,29 @@ pub fn entity_frequency(entities: &[Vec<String>]) -> Vec<f64> {
         .map(|&b| if max == 0 { 0.0 } else { b as f64 / max as f64 })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rankers_parse_by_name_and_by_their_old_spellings() {
+        for (name, kind) in [
+            ("hybrid", RankerKind::Hybrid),
+            ("weighted", RankerKind::Weighted),
+            ("recency-importance", RankerKind::RecencyImportance),
+            ("lexical", RankerKind::Lexical),
+            ("vector", RankerKind::Vector),
+            (" Weighted ", RankerKind::Weighted),
+            ("seed001", RankerKind::RecencyImportance),
+            ("seed002", RankerKind::Weighted),
+        ] {
+            assert_eq!(RankerKind::parse(name).unwrap(), kind, "{name:?}");
+        }
+        for kind in [RankerKind::RecencyImportance, RankerKind::Weighted] {
+            assert_eq!(RankerKind::parse(kind.as_str()).unwrap(), kind);
+        }
+        let err = RankerKind::parse("bm25").unwrap_err().to_string();
+        assert!(err.contains("weighted") && !err.contains("seed"), "{err}");
+    }
+}
