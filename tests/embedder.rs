@@ -335,3 +335,43 @@ fn e5_matches_the_wheels_own_engine() {
         "the fixture should hold a text longer than the window"
     );
 }
+
+/// Recall's gate reads its cosine from the model (`kvmem.embed.related_cosine`): MiniLM's
+/// file has no key and keeps 0.30, the converted e5 carries its own. For each, a question
+/// and the line that answers it are over the threshold, and the same question against
+/// unrelated lines under it.
+#[test]
+fn each_embedder_carries_its_own_relevance_threshold() {
+    use kvmem::memory::embed::{dot, Embedder, Role};
+    let mut models = vec![(e5_path(), 0.84)];
+    if let Some(p) = minilm_path() {
+        models.push((p, 0.30));
+    }
+    let pairs = [
+        ("where does my sister live?", "My sister lives in Lisbon now."),
+        ("what pet does Sam have?", "Sam: we adopted a grey cat last spring"),
+        ("when is the tax deadline?", "The quarterly tax filing is due on April 15."),
+    ];
+    for (path, want) in models {
+        let e = Embedder::load(&path, 1).expect("load the embedder");
+        assert!(
+            (e.related_cosine - want).abs() < 1e-6,
+            "{}: related cosine {}",
+            e.name,
+            e.related_cosine
+        );
+        for (i, (q, answer)) in pairs.iter().enumerate() {
+            let qv = e.embed(&[q.to_string()], Role::Query).unwrap().remove(0);
+            let lines: Vec<String> = pairs.iter().map(|(_, a)| a.to_string()).collect();
+            let vs = e.embed(&lines, Role::Passage).unwrap();
+            for (j, v) in vs.iter().enumerate() {
+                let c = f64::from(dot(&qv, v));
+                if i == j {
+                    assert!(c >= want, "{}: {q:?} / {answer:?}: {c:.3}", e.name);
+                } else {
+                    assert!(c < want, "{}: {q:?} / {:?}: {c:.3}", e.name, lines[j]);
+                }
+            }
+        }
+    }
+}

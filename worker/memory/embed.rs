@@ -37,6 +37,12 @@ pub const DEFAULT_WINDOW: usize = 256;
 const QUERY_PREFIX_KEY: &str = "kvmem.embed.query_prefix";
 const PASSAGE_PREFIX_KEY: &str = "kvmem.embed.passage_prefix";
 const WINDOW_KEY: &str = "kvmem.embed.max_tokens";
+/// The cosine at which a line counts as about a message (recall's gate). Each model's
+/// cosines live in their own range (e5's unrelated pairs sit near 0.78, MiniLM's near
+/// 0.05), so the threshold travels with the model.
+const RELATED_COSINE_KEY: &str = "kvmem.embed.related_cosine";
+/// The threshold for a model without the key: MiniLM's, where the gate was first set.
+const DEFAULT_RELATED_COSINE: f64 = 0.30;
 /// Hex digits of the file's sha256 that name a model in the database.
 const ID_HEX: usize = 16;
 
@@ -86,6 +92,8 @@ pub struct Embedder {
     passage_prefix: String,
     /// Tokens a text may have, [BOS] and [EOS] included.
     window: usize,
+    /// The cosine from which a text is taken to be about a query ([`RELATED_COSINE_KEY`]).
+    pub related_cosine: f64,
 }
 
 /// The models this process has loaded, by file: llama.cpp models are leaked (they live as
@@ -177,6 +185,10 @@ impl Embedder {
             query_prefix: meta(QUERY_PREFIX_KEY).unwrap_or_default(),
             passage_prefix: meta(PASSAGE_PREFIX_KEY).unwrap_or_default(),
             window,
+            related_cosine: meta(RELATED_COSINE_KEY)
+                .and_then(|c| c.trim().parse::<f64>().ok())
+                .filter(|c| c.is_finite())
+                .unwrap_or(DEFAULT_RELATED_COSINE),
         })
     }
 

@@ -23,10 +23,9 @@ use crate::turn::{self, ClaimedTurn};
 const ASSISTANT: &str = "assistant";
 /// Candidates asked of the search; the token budget decides how many are injected.
 const RECALL_CANDIDATES: usize = 6;
-/// Seed 002's relevance gate, applied to each recalled line on its own (see
-/// [`about_the_message`]): cosine with the message...
-const GATE_COSINE: f64 = 0.30;
-/// ...or the share of the message's content words the line holds.
+/// The relevance gate, applied to each recalled line on its own (see
+/// [`about_the_message`]): the embedder's related cosine with the message, or this share
+/// of the message's content words in the line.
 const GATE_LEXICAL: f64 = 0.24;
 /// A dialogue hit longer than this is clipped: one long message must not take the budget.
 const ITEM_MAX_CHARS: usize = 240;
@@ -124,8 +123,8 @@ async fn candidates(
     Ok(items)
 }
 
-/// Keeps the hits that are about the message on their own: a cosine of at least
-/// [`GATE_COSINE`] between the message and the line alone, or [`GATE_LEXICAL`] of its
+/// Keeps the hits that are about the message on their own: a cosine of at least the
+/// embedder's related cosine between the message and the line alone, or [`GATE_LEXICAL`] of its
 /// words in the line, or a place in the time the message names. The search ranks a turn
 /// by its key (the turn with the one it answers) and by the span it sits in, which is right
 /// for finding evidence and wrong for injecting it: in a short history every turn shares a
@@ -138,6 +137,7 @@ async fn about_the_message(
     hits: Vec<search::Hit>,
 ) -> Vec<search::Hit> {
     let part = |h: &search::Hit, k: &str| h.components.get(k).copied().unwrap_or(0.0);
+    let gate_cosine = svc.related_cosine().unwrap_or(f64::INFINITY);
     let by_words = |h: &search::Hit| part(h, "lexical") >= GATE_LEXICAL || part(h, "time") > 0.0;
     // Facts are statements on their own: the search's cosine is already theirs alone. The
     // other lines are embedded alone, clipped as recall shows them, and only where the
@@ -169,7 +169,7 @@ async fn about_the_message(
                 (Some(_), Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
                 (Some(_), None) => 0.0,
             };
-            by_words(h) || cosine >= GATE_COSINE
+            by_words(h) || cosine >= gate_cosine
         })
         .map(|(h, _)| h)
         .collect()
