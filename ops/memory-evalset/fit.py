@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Fits kvmem's ranker on the candidates `kvmem memory eval --dump` wrote for the tuning half.
+
+A dump holds, for every question, every candidate the search's legs found (before any
+ranking) with the signals a ranker reads. This file ranks them again in Python, so a
+weight or a feature can be tried in a second instead of a re-import. `check` first proves
+that the Python hybrid ranks exactly as kvmem's does (the same R@10 as `kvmem memory eval`
+printed for the same dump); only then are its other figures worth anything.
+
+Fit on the tuning half only. The reporting half is read once, for the figures published.
+
+  fit.py check DUMP                     R@5/R@10 of kvmem's hybrid, recomputed
+  fit.py grid DUMP                      the hybrid's weights, one at a time, around today's
+  fit.py compare DUMP                   today's hybrid beside the standardised one (below)
+  fit.py legs DUMP                      R@10 of each leg alone, ranking the same candidates
+"""
+import collections
+import itertools
+import json
+import math
+import sys
+
+# kvmem's hybrid today (worker/memory/search/rank.rs).
+HYBRID = {"semantic": 1.0, "span": 1.5, "bm25": 0.1, "time": 2.0, "voice": 0.8}
+RRF_K = 10.0
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rrf(rank):
+    return 0.0 if rank is None else 1.0 / (RRF_K + rank + 1.0)
+
+
+def hybrid(s, w):
+    return (w["semantic"] * (s["semantic"] or 0.0) + w["span"] * (s["span"] or 0.0)
+            + w["bm25"] * s["bm25"] + w["time"] * rrf(s["window_rank"])
+            + w["voice"] * (s["voice"] or 0.0))
+
+
+# A model-agnostic variant fitted on the tuning half's dumps of both embedders (coordinate
+# ascent from today's weights, one set for both): each question's cosines standardised over
+# its own candidates, since e5's cosines sit in a narrow band (0.76-0.83 for most
+# candidates) where MiniLM's spread from 0.0 to 0.8.
+ZHYBRID = {"semantic": 0.15, "span": 0.3, "bm25": 0.25, "time": 2.0, "voice": 0.38,
+           "voiced": 0.85}
+
+
+def standardised(q, w=ZHYBRID):
+    """A scorer for one question's candidates under the standardised hybrid."""
+    def stats(key):
+        xs = [c["signals"][key] for c in q["candidates"] if c["signals"][key] is not None]
+        if not xs:
+            return 0.0, 1.0
+        mu = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - mu) ** 2 for x in xs) / len(xs)) or 1.0
+        return mu, sd
+    (mu, sd), (smu, ssd) = stats("semantic"), stats("span")
+
+    def z(x, m, d, missing):
+        return missing if x is None else (x - m) / d
+
+    def score(c):
+        s = c["signals"]
+        return (w["semantic"] * z(s["semantic"], mu, sd, -2.0)
+                + w["span"] * z(s["span"], smu, ssd, -2.0) + w["bm25"] * s["bm25"]
+                + w["time"] * rrf(s["window_rank"]) + w["voice"] * z(s["voice"], mu, sd, 0.0)
+                + w["voiced"] * (s["voice"] is not None))
+    return score
+
+
+def ranked_ids(q, score, limit=20):
+    """The first `limit` hits as kvmem orders and dedupes them, as source message ids."""
+    cands = sorted(q["candidates"], key=lambda c: (-score(c), c["id"]))
+    seen, out = set(), []
+    for c in cands:
+        key = c["dedupe_key"]
+        if len(key.encode()) > 12 and key in seen:
+            continue
+        seen.add(key)
+        out.append(c)
+        if len(out) == limit:
+            break
+    return [i for c in out for i in c["sources"]]
+
+
+def recall(ids, evidence, k):
+    got = []
+    for i in ids:
+        if i not in got:
+            got.append(i)
+        if len(got) == k:
+            break
+    return sum(e in got for e in evidence) / len(evidence) if evidence else 1.0
+
+
+def evaluate(qs, score, k=10):
+    """`score` scores a candidate, or (with `per_question`) makes a scorer for a question."""
+    by_type = collections.defaultdict(list)
+    for q in qs:
+        scorer = score(q) if getattr(score, "per_question", False) else score
+        r = recall(ranked_ids(q, scorer), q["evidence"], k)
+        by_type["all"].append(r)
+        by_type[q.get("type") or "?"].append(r)
+    return {t: sum(v) / len(v) for t, v in by_type.items()}
+
+
+def fmt(res):
+    keys = ["all"] + sorted(k for k in res if k != "all")
+    return " ".join(f"{k} {res[k]:.3f}" for k in keys)
+
+
+def check(qs):
+    for k in (5, 10):
+        print(f"R@{k}: {fmt(evaluate(qs, lambda c: hybrid(c['signals'], HYBRID), k))}")
+
+
+def grid(qs):
+    base = evaluate(qs, lambda c: hybrid(c["signals"], HYBRID))["all"]
+    print(f"today: {base:.3f}")
+    steps = {"semantic": [0.5, 0.75, 1.0, 1.25, 1.5], "span": [0.0, 0.5, 1.0, 1.5, 2.0, 2.5],
+             "bm25": [0.0, 0.05, 0.1, 0.2, 0.3, 0.5], "time": [0.0, 1.0, 2.0, 3.0, 4.0],
+             "voice": [0.0, 0.4, 0.8, 1.2, 1.6]}
+    for name, values in steps.items():
+        row = []
+        for v in values:
+            w = dict(HYBRID, **{name: v})
+            row.append(f"{v}: {evaluate(qs, lambda c: hybrid(c['signals'], w))['all']:.3f}")
+        print(f"{name:>8}  " + "  ".join(row))
+
+
+def compare(qs):
+    standardised.per_question = True
+    for k in (5, 10):
+        print(f"R@{k} today's hybrid: {fmt(evaluate(qs, lambda c: hybrid(c['signals'], HYBRID), k))}")
+        print(f"R@{k} standardised:   {fmt(evaluate(qs, standardised, k))}")
+
+
+def legs(qs):
+    zero = {k: 0.0 for k in HYBRID}
+    for name, w in [("semantic (turn keys)", {"semantic": 1.0}), ("span", {"span": 1.0}),
+                    ("semantic + span", {"semantic": HYBRID["semantic"], "span": HYBRID["span"]}),
+                    ("bm25", {"bm25": 1.0}), ("time window", {"time": 1.0}),
+                    ("voice", {"voice": 1.0})]:
+        w = dict(zero, **w)
+        print(f"{name:>22}: {fmt(evaluate(qs, lambda c: hybrid(c['signals'], w)))}")
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    cmd, dump = sys.argv[1], load(sys.argv[2])
+    if cmd == "check":
+        check(dump)
+    elif cmd == "grid":
+        grid(dump)
+    elif cmd == "compare":
+        compare(dump)
+    elif cmd == "legs":
+        legs(dump)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
