@@ -343,7 +343,7 @@ fn e5_matches_the_wheels_own_engine() {
 #[test]
 fn each_embedder_carries_its_own_relevance_threshold() {
     use kvmem::memory::embed::{dot, Embedder, Role};
-    let mut models = vec![(e5_path(), 0.84)];
+    let mut models = vec![(e5_path(), 0.80)];
     if let Some(p) = minilm_path() {
         models.push((p, 0.30));
     }

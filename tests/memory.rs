@@ -1341,6 +1341,7 @@ async fn the_vector_index_finds_what_the_exact_scan_finds_and_keeps_the_wall(poo
     .bind(None::<chrono::DateTime<chrono::Utc>>)
     .bind(&q)
     .bind(100_i64)
+    .bind(exact.model_id().expect("an embedder"))
     .fetch_one(&mut *tx)
     .await
     .unwrap();
