@@ -348,9 +348,18 @@ fn each_embedder_carries_its_own_relevance_threshold() {
         models.push((p, 0.30));
     }
     let pairs = [
-        ("where does my sister live?", "My sister lives in Lisbon now."),
-        ("what pet does Sam have?", "Sam: we adopted a grey cat last spring"),
-        ("when is the tax deadline?", "The quarterly tax filing is due on April 15."),
+        (
+            "where does my sister live?",
+            "My sister lives in Lisbon now.",
+        ),
+        (
+            "what pet does Sam have?",
+            "Sam: we adopted a grey cat last spring",
+        ),
+        (
+            "when is the tax deadline?",
+            "The quarterly tax filing is due on April 15.",
+        ),
     ];
     for (path, want) in models {
         let e = Embedder::load(&path, 1).expect("load the embedder");

@@ -356,9 +356,17 @@ fn rankers_match_hand_computed_scores() {
     let sb = rank::weighted(&b, now);
     assert!((sb.score - 0.3125).abs() < 1e-9);
     assert!(!sb.passes_gate);
-    // hybrid without a span, BM25 or time: the cosine alone, 0.8.
-    assert!((rank::hybrid(&a).score - 0.8).abs() < 1e-9);
-    // With all four: 0.8 + 1.5*0.6 + 0.1*0.5 + 2 * 1/(10+1+1) = 0.8 + 0.9 + 0.05 + 0.1666666667
+    // hybrid, with the query's cosines at 0.5 ± 0.2 and its spans' at 0.4 ± 0.1: without a
+    // span, BM25 or time, 0.15 * (0.8 - 0.5) / 0.2 + 0.3 * -2 (no span) = 0.225 - 0.6.
+    let spreads = rank::Spreads {
+        semantic: rank::Spread { mean: 0.5, sd: 0.2 },
+        span: rank::Spread { mean: 0.4, sd: 0.1 },
+    };
+    assert!((rank::hybrid(&a, Some(&spreads)).score - -0.375).abs() < 1e-9);
+    // Too few candidates to standardise over: the raw cosine alone, 0.8.
+    assert!((rank::hybrid(&a, None).score - 0.8).abs() < 1e-9);
+    // With all four: 0.225 + 0.3 * (0.6 - 0.4) / 0.1 + 0.25 * 0.5 + 2 * 1/(10+1+1)
+    // = 0.225 + 0.6 + 0.125 + 0.1666666667; the components are the raw signals.
     let full = Signals {
         span: Some(0.6),
         bm25: 0.5,
@@ -366,7 +374,22 @@ fn rankers_match_hand_computed_scores() {
         window_rank: Some(1),
         ..a.clone()
     };
-    assert!((rank::hybrid(&full).score - 1.9166666667).abs() < 1e-9);
+    let h = rank::hybrid(&full, Some(&spreads));
+    assert!((h.score - 1.1166666667).abs() < 1e-9, "{}", h.score);
+    assert_eq!((h.components["semantic"], h.components["span"]), (0.8, 0.6));
+    // In the named speaker's voice at 0.7: + 0.38 * (0.7 - 0.5) / 0.2 + 0.85.
+    let voiced = Signals {
+        voice: Some(0.7),
+        ..full.clone()
+    };
+    assert!((rank::hybrid(&voiced, Some(&spreads)).score - 2.3466666667).abs() < 1e-9);
+    // Raw: 0.8 + 1.5*0.6 + 0.1*0.5 + 2/12 + 0.8*0.7 = 2.4766666667
+    assert!((rank::hybrid(&voiced, None).score - 2.4766666667).abs() < 1e-9);
+    // Spreads: 0.2, 0.4, 0.6 -> 0.4 ± sqrt(0.08 / 3); nothing or one value -> sd 1.
+    let s3 = rank::Spread::of([0.2, 0.4, 0.6].into_iter());
+    assert!((s3.mean - 0.4).abs() < 1e-12 && (s3.sd - 0.1632993162).abs() < 1e-9);
+    assert_eq!(rank::Spread::of([0.5].into_iter()).sd, 1.0);
+    assert_eq!(rank::Spread::of(std::iter::empty()).mean, 0.0);
     // Entity frequency: refs {a}, {a,b}, {c}: counts a=2, b=1, c=1 -> 2/2, 2/2, 1/2.
     let f = rank::entity_frequency(&[
         vec!["a".into()],

@@ -108,49 +108,143 @@ pub fn weighted(s: &Signals, now: DateTime<Utc>) -> Scored {
     }
 }
 
-/// Reciprocal-rank fusion constant (the lexical-only ranker's list, and the time list).
-pub const RRF_K: f64 = 10.0;
-/// What the best span a message sits in adds beside the message's own cosine: the
-/// question names an exchange's topic, the answer sits in one of its turns (tune half,
-/// the span's weight 1.0 / 1.5 / 2.0: R@10 0.625 / 0.630 / 0.622 in the simulator).
-pub const SPAN_WEIGHT: f64 = 1.5;
-/// BM25's share: a rare shared word (a name, a place) is evidence, but on chat a close
-/// meaning is more of it (tune half, 0.05-0.3 tried).
-pub const BM25_WEIGHT: f64 = 0.1;
+/// The hybrid's weights, fitted once on the tuning half of ops/memory-evalset with the
+/// candidates of both packaged embedders (all-MiniLM-L6-v2 and multilingual-e5-small),
+/// one set for both: coordinate ascent from the previous weights, then held to
+/// leave-one-conversation-out (MiniLM 0.654, e5 0.639 R@10 there, against 0.669 and
+/// 0.654 in sample). The cosines enter standardised over the query's own candidates
+/// ([`Spread`]), so the weights do not depend on where a model's cosines sit.
+pub const SEMANTIC_WEIGHT: f64 = 0.15;
+/// The best span a message sits in: the question names an exchange's topic, the answer
+/// sits in one of its turns.
+pub const SPAN_WEIGHT: f64 = 0.3;
+/// BM25's share of the query's best: a rare shared word (a name, a place) is evidence.
+pub const BM25_WEIGHT: f64 = 0.25;
 /// A time the question names is a hard clue: the window list's reciprocal rank, doubled.
 pub const TIME_WEIGHT: f64 = 2.0;
-/// The named speaker's turns, scored by the question in their voice: it both prefers
-/// their words and asks in their person (tune half, weight 0.3 / 0.5 / 0.8: R@10 0.646 /
-/// 0.654 / 0.668 in the simulator; a flat speaker bonus reached 0.638 at best).
-pub const VOICE_WEIGHT: f64 = 0.8;
+/// The named speaker's turns, scored by the question in their voice (standardised like
+/// the message's own cosine)...
+pub const VOICE_WEIGHT: f64 = 0.38;
+/// ...and a lift for being that speaker's turn at all.
+pub const VOICED_WEIGHT: f64 = 0.85;
+/// A missing cosine (no vector of the query's model, or no span) counts as two standard
+/// deviations under the query's mean.
+const MISSING_Z: f64 = -2.0;
+/// Fewer candidates with a cosine than this, and their spread says little (three lines
+/// a hundredth apart would be ±1 standard deviation): the hybrid then takes the raw
+/// cosines with the weights fitted on MiniLM before ([`RAW`]). The evaluation's queries
+/// all had 133 or more, so its figures are the standardised hybrid's.
+pub const MIN_SPREAD_POOL: usize = 50;
+
+/// The previous hybrid's weights, over raw cosines (fitted on MiniLM's scale).
+pub struct RawWeights {
+    pub semantic: f64,
+    pub span: f64,
+    pub bm25: f64,
+    pub voice: f64,
+}
+
+/// Used when a query has too few candidates to standardise over ([`MIN_SPREAD_POOL`]).
+pub const RAW: RawWeights = RawWeights {
+    semantic: 1.0,
+    span: 1.5,
+    bm25: 0.1,
+    voice: 0.8,
+};
+/// Reciprocal-rank fusion constant (the lexical-only ranker's list, and the time list).
+pub const RRF_K: f64 = 10.0;
 
 fn rrf(rank: Option<usize>) -> f64 {
     rank.map(|r| 1.0 / (RRF_K + r as f64 + 1.0)).unwrap_or(0.0)
 }
 
-/// kvmem's default: a weighted sum of the message's own cosine, the best span it sits
-/// in, its BM25 score as a share of the query's best, and its place in the time window
-/// list when the query names a time, and for a speaker the question names, the cosine
-/// of the question in their voice. Scores, not ranks: a cosine of 0.6 and one of 0.3 are
-/// far apart, and rank fusion made them neighbours.
-pub fn hybrid(s: &Signals) -> Scored {
-    let sem = s.semantic.unwrap_or(0.0);
-    let span = SPAN_WEIGHT * s.span.unwrap_or(0.0);
-    let lex = BM25_WEIGHT * s.bm25;
+/// Where one kind of cosine sits among a query's candidates. e5's cosines crowd into a
+/// band a few hundredths wide (most candidates between 0.76 and 0.83) where MiniLM's
+/// spread from 0 to 0.8: a raw cosine's weight would mean something else for each model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spread {
+    pub mean: f64,
+    pub sd: f64,
+}
+
+impl Spread {
+    /// The mean and (population) standard deviation; a spread of nothing, or of one
+    /// value, is 0 ± 1 so that a lone cosine is not divided by zero.
+    pub fn of(xs: impl Iterator<Item = f64>) -> Spread {
+        let xs: Vec<f64> = xs.collect();
+        if xs.is_empty() {
+            return Spread { mean: 0.0, sd: 1.0 };
+        }
+        let n = xs.len() as f64;
+        let mean = xs.iter().sum::<f64>() / n;
+        let sd = (xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+        Spread {
+            mean,
+            sd: if sd > 0.0 { sd } else { 1.0 },
+        }
+    }
+
+    fn z(&self, x: Option<f64>, missing: f64) -> f64 {
+        x.map_or(missing, |x| (x - self.mean) / self.sd)
+    }
+}
+
+/// The spreads the hybrid standardises with: of the candidates' own cosines (the voice
+/// cosine is the same question's, so it shares that spread) and of their spans'.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spreads {
+    pub semantic: Spread,
+    pub span: Spread,
+}
+
+impl Spreads {
+    /// The candidates' spreads, or `None` when fewer than [`MIN_SPREAD_POOL`] of them have
+    /// a cosine.
+    pub fn of<'a>(signals: impl Iterator<Item = &'a Signals> + Clone) -> Option<Spreads> {
+        let cosines = signals.clone().filter(|s| s.semantic.is_some()).count();
+        (cosines >= MIN_SPREAD_POOL).then(|| Spreads {
+            semantic: Spread::of(signals.clone().filter_map(|s| s.semantic)),
+            span: Spread::of(signals.filter_map(|s| s.span)),
+        })
+    }
+}
+
+/// kvmem's default: a weighted sum of the message's own cosine, the best span it sits in
+/// (both standardised over the query's candidates), its BM25 score as a share of the
+/// query's best, its place in the time window list when the query names a time, and for
+/// a speaker the question names, the cosine of the question in their voice. Scores, not
+/// ranks: two cosines far apart stay far apart. The components are the raw signals (the
+/// cosines as they are, 0 where there is none), not the weighted parts.
+pub fn hybrid(s: &Signals, spreads: Option<&Spreads>) -> Scored {
     let time = TIME_WEIGHT * rrf(s.window_rank);
-    let voice = VOICE_WEIGHT * s.voice.unwrap_or(0.0);
-    let score = sem + span + lex + time + voice;
+    let score = time
+        + match spreads {
+            Some(spreads) => {
+                SEMANTIC_WEIGHT * spreads.semantic.z(s.semantic, MISSING_Z)
+                    + SPAN_WEIGHT * spreads.span.z(s.span, MISSING_Z)
+                    + BM25_WEIGHT * s.bm25
+                    + s.voice.map_or(0.0, |v| {
+                        VOICE_WEIGHT * spreads.semantic.z(Some(v), 0.0) + VOICED_WEIGHT
+                    })
+            }
+            None => {
+                RAW.semantic * s.semantic.unwrap_or(0.0)
+                    + RAW.span * s.span.unwrap_or(0.0)
+                    + RAW.bm25 * s.bm25
+                    + RAW.voice * s.voice.unwrap_or(0.0)
+            }
+        };
     let mut components = BTreeMap::from([
-        ("semantic".into(), sem),
-        ("span".into(), span),
-        ("bm25".into(), lex),
+        ("semantic".into(), s.semantic.unwrap_or(0.0)),
+        ("span".into(), s.span.unwrap_or(0.0)),
+        ("bm25".into(), s.bm25),
         ("lexical".into(), s.lexical),
     ]);
     if s.in_window.is_some() {
         components.insert("time".into(), time);
     }
-    if s.voice.is_some() {
-        components.insert("voice".into(), voice);
+    if let Some(v) = s.voice {
+        components.insert("voice".into(), v);
     }
     Scored {
         score,
@@ -159,12 +253,18 @@ pub fn hybrid(s: &Signals) -> Scored {
     }
 }
 
-/// Scores one candidate with the named ranker.
-pub fn score(kind: RankerKind, s: &Signals, now: DateTime<Utc>) -> Scored {
+/// Scores one candidate with the named ranker; the hybrid standardises its cosines with
+/// `spreads`, those of the query's candidates ([`Spreads::of`]), when there are enough.
+pub fn score(
+    kind: RankerKind,
+    s: &Signals,
+    spreads: Option<&Spreads>,
+    now: DateTime<Utc>,
+) -> Scored {
     match kind {
         RankerKind::RecencyImportance => recency_importance(s, now),
         RankerKind::Weighted => weighted(s, now),
-        RankerKind::Hybrid => hybrid(s),
+        RankerKind::Hybrid => hybrid(s, spreads),
         RankerKind::Lexical => Scored {
             score: rrf(s.lexical_rank),
             components: BTreeMap::from([("rrf_lexical".into(), rrf(s.lexical_rank))]),
@@ -189,10 +289,11 @@ pub fn rank(
     now: DateTime<Utc>,
     candidates: Vec<(Hit, Signals)>,
 ) -> Vec<Hit> {
+    let spreads = Spreads::of(candidates.iter().map(|(_, s)| s));
     candidates
         .into_iter()
         .filter_map(|(mut hit, s)| {
-            let scored = score(kind, &s, now);
+            let scored = score(kind, &s, spreads.as_ref(), now);
             let own_list = match kind {
                 RankerKind::Lexical => s.lexical_rank.is_some(),
                 RankerKind::Vector => s.vector_rank.is_some() || hit.kind == HitKind::Memory,
