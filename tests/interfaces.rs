@@ -224,6 +224,13 @@ async fn chat_times_out_with_504_when_no_worker_runs(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(r.status(), 504);
+    // The turn goes on: a client must not retry it into a second turn of the same message.
+    assert_eq!(
+        r.headers()
+            .get("x-should-retry")
+            .map(|v| v.to_str().unwrap()),
+        Some("false")
+    );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["type"], "timeout");
     assert_eq!(body["error"]["state"], "queued");

@@ -1,7 +1,7 @@
 //! The API's error body and status mapping: every failure reaches the client as JSON with
 //! a clear message, never a dropped connection.
 
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
@@ -46,7 +46,16 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({ "error": self.body() }))).into_response()
+        let mut response = (self.status, Json(json!({ "error": self.body() }))).into_response();
+        // A timed-out turn stays queued and goes on. The OpenAI SDKs retry a 504 unless
+        // told not to, and each retry would queue the same message again.
+        if self.kind == "timeout" {
+            response.headers_mut().insert(
+                HeaderName::from_static("x-should-retry"),
+                HeaderValue::from_static("false"),
+            );
+        }
+        response
     }
 }
 
