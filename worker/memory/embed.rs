@@ -92,7 +92,7 @@ pub struct Embedder {
     passage_prefix: String,
     /// Tokens a text may have, [BOS] and [EOS] included.
     window: usize,
-    /// The cosine from which a text is taken to be about a query ([`RELATED_COSINE_KEY`]).
+    /// The cosine from which a text is taken to be about a query (the GGUF key `kvmem.embed.related_cosine`).
     pub related_cosine: f64,
 }
 
@@ -192,7 +192,7 @@ impl Embedder {
         })
     }
 
-    /// Tokens a text may have, [BOS] and [EOS] included.
+    /// Tokens a text may have, BOS and EOS included.
     pub fn window(&self) -> usize {
         self.window
     }

@@ -6,8 +6,8 @@
 //! Rooms: [`store`] (facts, keys, history, archiving, entity refs and aliases, the
 //! screens every stored fact passes), [`search`] (retrieval: the candidate legs, fusion
 //! and ranking, time parsing, entity cards), [`ingest`] (extraction with its grammar, its
-//! model thread, bulk import), [`jobs`] (the memory lane), [`notes`] (the character's own:
-//! remember this about X, memory lines, the explicit-facts blob), [`todos`] (seed 001's
+//! model thread, bulk import), `ingest::jobs` (the memory lane), [`notes`] (the character's own:
+//! remember this about X, memory lines, the explicit-facts blob), `notes::todos` (seed 001's
 //! persona-scoped open loops), [`embed`] (MiniLM on llama.cpp, shared by store, search and
 //! ingest) and [`render`] (journal and MEMORY.md, for both faces). The faces themselves
 //! are `cmd::memory` and `http::memory_api`.

@@ -1,7 +1,7 @@
 //! The worker: claims turns, runs them through the generator and commits them. One turn is
-//! [`process_next_turn`]; [`run`] adds batched claims ([`fetch`]), leases ([`lease`]),
-//! group commit ([`commit`]), wake-ups and the reaper ([`listen`]) and the idle lanes
-//! ([`lanes`]), and stops everything on a signal or when one of its tasks dies.
+//! [`process_next_turn`]; [`run`] adds batched claims (`fetch`), leases (`lease`),
+//! group commit (`commit`), wake-ups and the reaper (`listen`) and the idle lanes
+//! (`lanes`), and stops everything on a signal or when one of its tasks dies.
 
 mod commit;
 mod fetch;

@@ -1,4 +1,4 @@
-//! KV snapshots: the LLKV1 byte format ([`format`], the only file the fuzz crate compiles)
+//! KV snapshots: the LLKV1 byte format ([`mod@format`], the only file the fuzz crate compiles)
 //! and where they live: files on local disk ([`files`]), by themselves or as the cache in
 //! front of an object store ([`store`]). The pipeline decides when a snapshot is trusted;
 //! this module only guarantees that a damaged or foreign file is never read as a good one.

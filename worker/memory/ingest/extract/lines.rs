@@ -1,4 +1,4 @@
-//! The extraction answer as plain lines: "- <name> <fact>", one fact per line. A small
+//! The extraction answer as plain lines: `"- <name> <fact>"`, one fact per line. A small
 //! model writes a short list far faster than JSON whose fixed keys it must decode one token
 //! at a time, and it copies the message better than it fills typed fields; the fact's type,
 //! kind and entity come from rules over the line instead, and its subject is checked
