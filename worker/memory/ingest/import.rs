@@ -420,6 +420,13 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
     Ok(done)
 }
 
+/// Stored texts' vectors for a reindex, which cannot go on without them.
+async fn passages(svc: &MemoryService, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+    svc.embed(texts, Role::Passage)
+        .await
+        .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))
+}
+
 async fn reindex_messages(
     svc: &MemoryService,
     user: Option<&str>,
@@ -446,10 +453,7 @@ async fn reindex_messages(
             .iter()
             .map(|r| message_key(&r.speaker, &r.text, r.context.as_deref()))
             .collect();
-        let vecs = svc
-            .embed(texts, Role::Passage)
-            .await
-            .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
+        let vecs = passages(svc, texts).await?;
         let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
         sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(&ids)
@@ -488,10 +492,7 @@ async fn reindex_facts(
             .iter()
             .map(|r| embed_text(&r.fact_type, &r.text, r.evidence_text.as_deref()))
             .collect();
-        let vecs = svc
-            .embed(texts, Role::Passage)
-            .await
-            .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))?;
+        let vecs = passages(svc, texts).await?;
         let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| to_bytes(v)).collect();
         sqlx::query(include_str!("../../../sql/memory/set_memory_vectors.sql"))
             .bind(&ids)
