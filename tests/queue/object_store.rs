@@ -3,7 +3,7 @@
 //! GGUF model: round trips through a fresh cache, a stale cache, a corrupt object, a
 //! foreign object, eviction by bytes, an unreachable store, and claim affinity.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

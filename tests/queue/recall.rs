@@ -3,7 +3,7 @@
 //! committed KV record (`session_kv`) and detokenized, so each test asserts what the model
 //! saw, not what it answered.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};

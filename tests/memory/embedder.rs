@@ -9,7 +9,7 @@
 //!   KVMEM_TEST_MINILM_REF   the reference JSON (default: all-MiniLM-L6-v2.reference.json
 //!                           in the GGUF's directory); missing means failure, not a skip.
 //!
-//! Run: KVMEM_TEST_MINILM=$(ops/fetch-embedder) cargo test --release --test embedder
+//! Run: KVMEM_TEST_MINILM=$(ops/fetch-embedder) cargo test --release --test memory embedder::
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -42,7 +42,7 @@ fn minilm_path() -> Option<PathBuf> {
             eprintln!(
                 "\n**************************************************************\n\
                  SKIPPED: KVMEM_TEST_MINILM is unset, the MiniLM embedder is NOT tested.\n\
-                 Run: KVMEM_TEST_MINILM=$(ops/fetch-embedder) cargo test --release --test embedder\n\
+                 Run: KVMEM_TEST_MINILM=$(ops/fetch-embedder) cargo test --release --test memory embedder::\n\
                  **************************************************************\n"
             );
             None

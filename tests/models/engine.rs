@@ -1,7 +1,7 @@
 //! The engine on real GGUF models: save → load is exact, pruning and the ephemeral HUD keep
 //! the KV consistent, and the chat template frames turns.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;

@@ -3,7 +3,7 @@
 //! running worker. Postgres parses and plans each statement on `prepare`, which checks
 //! every table, column, function and parameter type it names.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! would switch kernels); a batched session's KV loads into a one-sequence context; and a
 //! worker with batching on runs every turn once, in order.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

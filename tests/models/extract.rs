@@ -7,7 +7,7 @@
 //! Models: KVMEM_TEST_TINY and KVMEM_TEST_SMOLLM2, or the files ops/test fetches (see
 //! tests/common/mod.rs).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -321,7 +321,7 @@ struct Tally {
 /// included), what it keeps and how much of it is correct by the hand labels (subject
 /// included), recall of the labels, and rejections per filter. `KVMEM_EXTRACT_HALF`
 /// picks a half of a split set (`report` for closing figures, `tune` for tuning).
-/// Run: ops/bench-extract (or cargo test --release --test extract -- --ignored --nocapture)
+/// Run: ops/bench-extract (or cargo test --release --test models extract:: -- --ignored --nocapture)
 #[test]
 #[ignore = "benchmark: ops/bench-extract"]
 fn bench_extraction_on_labelled_sample() {

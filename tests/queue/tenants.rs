@@ -3,7 +3,7 @@
 //! character. Every attempt gets a clear refusal, and none of A's data (A's message, A's
 //! reply, A's session id where B did not name it) appears in anything B gets back.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

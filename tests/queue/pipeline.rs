@@ -1,7 +1,7 @@
 //! The turn pipeline through the real queue and worker, on the tiny GGUF model: warm
 //! resume, the plateau, bad snapshots, the rollback path and over-budget messages.
 
-mod common;
+use crate::common;
 
 use common::*;
 use kvmem::runner::Outcome;

@@ -2,9 +2,9 @@
 //! the scene warm, and the CLI reports bad input clearly. And a reply that streams while it
 //! is generated, as a backend reads it with plain LISTEN, as the OpenAI SDK and `curl -N`
 //! read it over HTTP, and as a client that goes away mid-stream leaves it. (A worker killed
-//! mid-stream is in `tests/fencing.rs`.)
+//! mid-stream is in `tests/models/fencing.rs`.)
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};

@@ -1,7 +1,7 @@
 //! HUD and digest: seed 000's runbook scene through the real queue and worker, digest
 //! determinism across processes, NOTIFY-driven rebuilds, expiry without writes, and the HUD.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! again and resumes after a kill, and none of it crosses the wall between users. Real
 //! Postgres, with both real embedders (all-MiniLM-L6-v2 and multilingual-e5-small).
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};

@@ -3,7 +3,7 @@
 //! deleted, corrupted or stale snapshot match an uninterrupted warm run. On the tiny model
 //! and on SmolLM2, in a session that prunes past its tail, with a digest that changes.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The interfaces users see: the kvserver HTTP API on loopback, the monitoring views on a
 //! fixture queue, Prometheus metrics, and batch replay with `--check`.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

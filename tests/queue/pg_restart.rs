@@ -5,7 +5,7 @@
 //! a cluster of its own (ops/pg), because restarting the shared test cluster would break
 //! the other suites running beside it.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

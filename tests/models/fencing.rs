@@ -5,7 +5,7 @@
 //! And a worker killed mid-stream: the re-run's stream says so, and no reader stitches
 //! two attempts together.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::Read;

@@ -1,0 +1,355 @@
+//! The vector legs: per-user statistics, the HNSW index, one embedder per process, spans and voices.
+
+use super::*;
+
+/// BM25's statistics, the speakers a question can name and the neighbours of a hit are
+/// one user's own: another user's dialogue, however much of it shares the query's words,
+/// changes neither which of this user's messages come back nor their scores.
+#[sqlx::test(migrations = false)]
+async fn another_users_dialogue_never_moves_a_search(pool: PgPool) {
+    let svc = service(&pool).await;
+    import_fixture(&svc).await;
+    let query = "Where did Alice's sister Ana move for the bakery job?";
+    let run = || async {
+        let mut out = Vec::new();
+        for ranker in [RankerKind::Hybrid, RankerKind::Lexical] {
+            let res = search::search(&svc, &req("alice", query, ranker))
+                .await
+                .unwrap();
+            out.push(
+                res.hits
+                    .iter()
+                    .map(|h| (h.id.clone(), h.score.to_bits()))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        out
+    };
+    let before = run().await;
+    assert!(before.iter().all(|hits| !hits.is_empty()), "{before:?}");
+    import_carol(&svc, 120, |i| {
+        (
+            if i % 2 == 0 { "Alice" } else { "Ana" },
+            format!("Ana moved to Porto for the bakery job, my sister says, day {i}"),
+        )
+    })
+    .await;
+    assert_eq!(run().await, before, "carol's dialogue moved alice's search");
+    let carol = search::search(&svc, &req("carol", query, RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert!(
+        carol.hits.iter().all(|h| h.id.starts_with("c-")),
+        "{carol:?}"
+    );
+}
+
+/// A user above `exact_search_max` is searched through the HNSW index: on a small history
+/// the index returns what the exact scan returns, in the same order with the same scores,
+/// and never a row of the user sharing the table.
+#[sqlx::test(migrations = false)]
+async fn the_vector_index_finds_what_the_exact_scan_finds_and_keeps_the_wall(pool: PgPool) {
+    let exact = service(&pool).await;
+    import_fixture(&exact).await;
+    import_carol(&exact, 200, |i| {
+        (
+            "Carol",
+            format!("My sister moved to Porto with her beagle puppy, note {i}"),
+        )
+    })
+    .await;
+    let mut index = exact.clone();
+    index.config.exact_search_max = 0;
+    // The hybrid ranker adds the span leg and, for a question naming Alice, the voiced
+    // question's leg: both go through their index too.
+    for (query, ranker) in [
+        ("where did my sister move", RankerKind::Vector),
+        ("new family dog", RankerKind::Vector),
+        ("the bakery job", RankerKind::Vector),
+        ("where did my sister move", RankerKind::Hybrid),
+        (
+            "What did Alice say about the new family dog?",
+            RankerKind::Hybrid,
+        ),
+    ] {
+        let a = search::search(&exact, &req("alice", query, ranker))
+            .await
+            .unwrap();
+        let b = search::search(&index, &req("alice", query, ranker))
+            .await
+            .unwrap();
+        let ids = |r: &search::SearchResponse| {
+            r.hits
+                .iter()
+                .map(|h| (h.id.clone(), h.score.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        assert!(!a.hits.is_empty(), "{query}");
+        assert_eq!(ids(&a), ids(&b), "{query}");
+        assert!(b.hits.iter().all(|h| h.id.starts_with("a-")), "{b:?}");
+    }
+    // The index path's statement, under the settings the search gives it, reads the index.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(include_str!("../../../sql/memory/hnsw_settings.sql"))
+        .bind("200")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let q = pgvector::Vector::from(vec![0.05_f32; 384]);
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (FORMAT JSON) {}",
+        include_str!("../../../sql/memory/search_messages_vectors.sql")
+    ))
+    .bind("alice")
+    .bind(None::<i64>)
+    .bind(None::<String>)
+    .bind(None::<chrono::DateTime<chrono::Utc>>)
+    .bind(&q)
+    .bind(100_i64)
+    .bind(exact.model_id().expect("an embedder"))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert!(
+        plan.to_string().contains("memory_messages_embedding_hnsw"),
+        "{plan}"
+    );
+}
+
+/// Every memory service of a process shares one loaded embedder: the CLI, the pipeline
+/// and the lanes each build a service, and the model is loaded once.
+#[sqlx::test(migrations = false)]
+async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
+    common::migrate(&pool).await;
+    // A path of this test's own, so no other test of the binary loads it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("minilm.gguf");
+    std::os::unix::fs::symlink(minilm(), &path).unwrap();
+    let a = MemoryService::new(pool.clone(), config(Some(path.clone()))).await;
+    let b = MemoryService::new(pool.clone(), config(Some(path.clone()))).await;
+    import_fixture(&a).await;
+    for svc in [&a, &b] {
+        let res = search::search(svc, &req("alice", "new family dog", RankerKind::Hybrid))
+            .await
+            .unwrap();
+        assert!(res.semantic);
+    }
+    assert_eq!(kvmem::memory::embed::loads(&path), 1);
+    assert!(Arc::ptr_eq(
+        a.embedder.as_ref().unwrap(),
+        b.embedder.as_ref().unwrap()
+    ));
+}
+
+/// Writes `lines` (speaker, text) as one session of `user` to a file and imports it.
+async fn import_session(
+    svc: &MemoryService,
+    user: &str,
+    lines: &[(&str, &str)],
+) -> import::ImportReport {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("session.jsonl");
+    let rows: Vec<String> = lines
+        .iter()
+        .enumerate()
+        .map(|(i, (speaker, text))| {
+            serde_json::json!({"user_id": user, "session_id": format!("{user}-s1"),
+                "message_id": format!("{user}-{i}"), "speaker": speaker, "text": text,
+                "at": format!("2024-03-02T10:{i:02}:00Z")})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, rows.join("\n")).unwrap();
+    import::import_file(svc, &file, ExtractMode::None, true, false)
+        .await
+        .unwrap()
+}
+
+const POTTERY: &[(&str, &str)] = &[
+    ("Pri", "Morning! Did the plumber ever show up?"),
+    ("Dana", "He did, the sink is fixed. Finally."),
+    ("Pri", "How was the pottery class at Clayhouse on Saturday?"),
+    ("Dana", "Honestly amazing. Three bowls and a wonky mug."),
+    ("Pri", "Send pictures!!"),
+    ("Dana", "Later, I'm off to the gym."),
+    ("Pri", "My train is late again, the usual."),
+];
+
+/// The import gives every message its span vector (the message and the four before it in
+/// its session, oldest first), and a turn that shares no word with the question is found
+/// through the span that holds the question's topic.
+#[sqlx::test(migrations = false)]
+async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPool) {
+    let svc = service(&pool).await;
+    let report = import_session(&svc, "dana", POTTERY).await;
+    assert_eq!(report.spans_embedded, POTTERY.len());
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM memory_messages WHERE span_embedding IS NULL"
+        )
+        .await,
+        0
+    );
+    // Both vectors stay in the row: an exact scan reads no TOAST chunk for them (with
+    // the default 2 KB target, one chunk per message).
+    let toast: String = sqlx::query_scalar(
+        "SELECT reltoastrelid::regclass::text FROM pg_class \
+          WHERE oid = 'memory_messages'::regclass",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let chunks = count(&pool, &format!("SELECT count(*) FROM {toast}")).await;
+    assert_eq!(chunks, 0, "vectors moved out of the row");
+    // The span of the fifth turn ("Send pictures!!") is turns one to five, oldest first.
+    let text: Vec<String> = POTTERY[..5]
+        .iter()
+        .map(|(s, t)| format!("{s}: {t}"))
+        .collect();
+    let want = embedder()
+        .embed(&[text.join(" ")], Role::Passage)
+        .unwrap()
+        .remove(0);
+    let stored: pgvector::Vector = sqlx::query_scalar(
+        "SELECT span_embedding FROM memory_messages WHERE message_id = 'dana-4'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let cos: f32 = want.iter().zip(stored.as_slice()).map(|(a, b)| a * b).sum();
+    assert!(
+        cos > 0.9999,
+        "span vector differs from its text's: cosine {cos}"
+    );
+
+    let res = search::search(
+        &svc,
+        &req(
+            "dana",
+            "What did Dana make in the ceramics course?",
+            RankerKind::Hybrid,
+        ),
+    )
+    .await
+    .unwrap();
+    let answer = res
+        .hits
+        .iter()
+        .find(|h| h.id == "dana-3")
+        .expect("the answer turn");
+    assert!(answer.components["span"] > 0.0, "{answer:?}");
+    let plumber = res.hits.iter().find(|h| h.id == "dana-1");
+    assert!(
+        plumber.is_none_or(|p| p.score < answer.score),
+        "{:?}",
+        res.hits
+    );
+}
+
+/// A span longer than the embedder's window is cut at its oldest turns, not at its own
+/// message: after four long turns about bread, the short turn that ends the span still
+/// shapes its vector.
+#[sqlx::test(migrations = false)]
+async fn a_long_span_keeps_its_own_message(pool: PgPool) {
+    let svc = service(&pool).await;
+    let bread = "The sourdough starter needs feeding twice a day with rye flour and warm water, \
+                 then the dough rests overnight in the fridge, gets folded four times, shaped \
+                 into a round loaf, scored with a razor and baked in a cast iron pot at high heat \
+                 for forty minutes with the lid on and twenty more with it off. Then it cools \
+                 on a rack for an hour before anyone is allowed to cut it.";
+    let last = "Oh and my sister Maya just started as a nurse at the hospital in Lisbon.";
+    let lines: Vec<(&str, &str)> = vec![
+        ("Pri", bread),
+        ("Dana", bread),
+        ("Pri", bread),
+        ("Dana", bread),
+        ("Pri", last),
+    ];
+    import_session(&svc, "dana", &lines).await;
+    let all: Vec<String> = lines.iter().map(|(s, t)| format!("{s}: {t}")).collect();
+    // The span must not fit, or the test shows nothing.
+    let words: usize = all.iter().map(|l| l.split_whitespace().count()).sum();
+    assert!(words > embedder().window(), "{words} words fit the window");
+    let span = |id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let v: pgvector::Vector = sqlx::query_scalar(
+                "SELECT span_embedding FROM memory_messages WHERE message_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            v.to_vec()
+        }
+    };
+    let dot = |a: &[f32], b: &[f32]| -> f32 { a.iter().zip(b).map(|(x, y)| x * y).sum() };
+    // The turn before it has the four bread turns as its span. Cut at the start, both
+    // spans would be the same first window of bread, and so the same vector.
+    let (with_it, before_it) = (span("dana-4").await, span("dana-3").await);
+    let same = dot(&with_it, &before_it);
+    assert!(same < 0.99, "the two spans embed alike: cosine {same}");
+    let alone = embedder()
+        .embed(&[format!("Pri: {last}")], Role::Passage)
+        .unwrap()
+        .remove(0);
+    let (mine, theirs) = (dot(&alone, &with_it), dot(&alone, &before_it));
+    assert!(
+        mine > theirs + 0.03,
+        "the message is no nearer its own span ({mine}) than the span before it ({theirs})"
+    );
+}
+
+/// A question that names one speaker scores that speaker's turns by the question in their
+/// own voice, and only theirs: the other speaker's turns carry no voice component.
+#[sqlx::test(migrations = false)]
+async fn the_named_speakers_turns_alone_are_scored_in_their_voice(pool: PgPool) {
+    let svc = service(&pool).await;
+    import_session(
+        &svc,
+        "dana",
+        &[
+            (
+                "Dana",
+                "I paid $350 for my wheel, secondhand from a retired teacher.",
+            ),
+            ("Pri", "Wheels cost a fortune, I bet Dana's was pricey."),
+            ("Dana", "Worth every cent though."),
+        ],
+    )
+    .await;
+    let res = search::search(
+        &svc,
+        &req(
+            "dana",
+            "How much did Dana's pottery wheel cost?",
+            RankerKind::Hybrid,
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(res.hits[0].id, "dana-0", "{:?}", res.hits);
+    for h in &res.hits {
+        let voiced = h.components.contains_key("voice");
+        assert_eq!(voiced, h.speaker.as_deref() == Some("Dana"), "{h:?}");
+    }
+    // Naming both speakers prefers neither.
+    let both = search::search(
+        &svc,
+        &req(
+            "dana",
+            "What did Pri and Dana say about the wheel?",
+            RankerKind::Hybrid,
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        both.hits
+            .iter()
+            .all(|h| !h.components.contains_key("voice")),
+        "{:?}",
+        both.hits
+    );
+}

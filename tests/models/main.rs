@@ -1,0 +1,14 @@
+//! Turns, KV snapshots, digests, batching, streaming, extraction and summaries on real
+//! models: SmolLM2 where the text matters, the tiny random model for mechanics.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod batch;
+mod cold_warm;
+mod digest;
+mod engine;
+mod extract;
+mod fencing;
+mod process;
+mod summary;
