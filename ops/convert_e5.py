@@ -43,10 +43,14 @@ Usage: convert_e5.py [--q8_0] E5S1_FILE OUTPUT.gguf
 import struct
 import sys
 
-import numpy as np
+if __name__ == "__main__" and sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    sys.exit(0)
 
-import gguf
-from gguf import MODEL_ARCH
+import numpy as np  # noqa: E402
+
+import gguf  # noqa: E402
+from gguf import MODEL_ARCH  # noqa: E402
 
 QK = 32
 BLOCK_BYTES = 2 + QK // 2

@@ -28,10 +28,14 @@ import os
 import struct
 import sys
 
-import numpy as np
+if __name__ == "__main__" and sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    sys.exit(0)
 
-import gguf
-from gguf import MODEL_ARCH
+import numpy as np  # noqa: E402
+
+import gguf  # noqa: E402
+from gguf import MODEL_ARCH  # noqa: E402
 
 SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
 

@@ -26,6 +26,10 @@ import subprocess
 import sys
 import tempfile
 
+if __name__ == "__main__" and sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    sys.exit(0)
+
 # One OpenMP thread: two OpenMP runtimes (the wheel's and the system's) spinning on two
 # cores beside other work took minutes for what one thread does in seconds.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -20,7 +20,11 @@ import struct
 import sys
 import unicodedata
 
-import numpy as np
+if __name__ == "__main__" and sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    sys.exit(0)
+
+import numpy as np  # noqa: E402
 
 # Sentences the Rust test embeds with llama.cpp and compares against. Mixed case, accents,
 # punctuation and a word split into pieces exercise the tokenizer as well as the weights.

@@ -17,7 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from make_tiny_model import field_value
+if __name__ == "__main__" and sys.argv[1:2] in (["-h"], ["--help"]):
+    print(__doc__.strip())
+    sys.exit(0)
+
+from make_tiny_model import field_value  # noqa: E402
 
 
 def main() -> None:
