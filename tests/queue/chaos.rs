@@ -402,5 +402,37 @@ fn spawn_trickle(
     })
 }
 
+async fn progress(pool: &PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'done'),
+                count(*) FILTER (WHERE state IN ('queued', 'running')),
+                count(*) FILTER (WHERE state = 'running')
+           FROM turns",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// `.<scope>.<pid>.tmp` files in the KV directory, with their pid.
+fn tmp_files(dir: &Path) -> Vec<(PathBuf, u32)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let pid = name
+                .strip_suffix(".tmp")?
+                .rsplit('.')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((e.path(), pid))
+        })
+        .collect()
+}
+
 mod harness;
 mod runs;
