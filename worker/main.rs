@@ -144,7 +144,10 @@ async fn main() -> Result<()> {
     match cli.command {
         Command::Demo { scene } => Ok(kvmem::cmd::demo::run(settings, scene).await?),
         Command::Memory(args) => Ok(kvmem::cmd::memory::run(args, settings).await?),
-        Command::Summary(args) => Ok(kvmem::summary::cli::run(args, settings).await?),
+        Command::Summary(args) => {
+            let pool = system::connect(&settings, 4).await?;
+            Ok(kvmem::summary::cli::run(args, settings, pool).await?)
+        }
         Command::Migrate => migrate(&settings).await,
         Command::Worker(args) => worker(args, settings).await,
         Command::Enqueue(args) => enqueue(args, &settings).await,
@@ -156,7 +159,7 @@ async fn main() -> Result<()> {
 }
 
 async fn migrate(settings: &Settings) -> Result<()> {
-    let pool = db::connect(settings.database_url()?, 2).await?;
+    let pool = system::connect(settings, 2).await?;
     db::migrate(&pool).await?;
     println!("migrated");
     Ok(())
@@ -170,7 +173,7 @@ async fn worker(args: WorkerArgs, mut settings: Settings) -> Result<()> {
 }
 
 async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
-    let pool = db::connect(settings.database_url()?, 1).await?;
+    let pool = system::connect(settings, 1).await?;
     let id = queue::enqueue(
         &pool,
         &args.session,
@@ -186,7 +189,7 @@ async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
 }
 
 async fn digest(session: &str, store: bool, settings: &Settings) -> Result<()> {
-    let pool = db::connect(settings.database_url()?, 1).await?;
+    let pool = system::connect(settings, 1).await?;
     let tok = token_counter(settings).await?;
     let max = settings.digest_max_tokens as usize;
     let built = if store {
@@ -305,7 +308,7 @@ async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
 }
 
 async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<()> {
-    let pool = db::connect(settings.database_url()?, 1).await?;
+    let pool = system::connect(settings, 1).await?;
     loop {
         let text = status::report(&pool).await?;
         if watch.is_some() {

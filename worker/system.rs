@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::config::Settings;
+use crate::config::{Settings, SnapshotStoreKind};
 use crate::engine::{Engine, EngineError, EngineParams};
 use crate::metrics::Metrics;
 use crate::pipeline::TurnPipeline;
 use crate::runner::{Deps, Generator};
+use crate::snapshot::{self, Limits, SnapshotStore};
 
 /// Why a system could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,8 @@ pub enum SystemError {
     Join(#[from] tokio::task::JoinError),
     #[error("settings: {0}")]
     Settings(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// What replies to turns.
@@ -38,12 +41,18 @@ pub enum Model {
     Llama(Arc<Engine>),
 }
 
-/// Connects to `settings`' database with room for `connections`, and migrates it.
+/// A pool on `settings`' database with room for `connections`, as it is (not migrated):
+/// every command and service gets its pool here, so there is one place that opens one.
+pub async fn connect(settings: &Settings, connections: u32) -> Result<PgPool, SystemError> {
+    Ok(crate::db::connect(settings.database_url()?, connections).await?)
+}
+
+/// [`connect`], then migrates the database.
 pub async fn database(settings: &Settings, connections: u32) -> Result<PgPool, SystemError> {
-    let url = settings
-        .database_url()
-        .map_err(|e| SystemError::Settings(e.to_string()))?;
-    let pool = crate::db::connect(url, connections).await?;
+    let pool = match connect(settings, connections).await {
+        Err(SystemError::Config(e)) => return Err(SystemError::Settings(e.to_string())),
+        other => other?,
+    };
     crate::db::migrate(&pool).await?;
     Ok(pool)
 }
@@ -125,8 +134,7 @@ pub fn deps(
             "concurrency below engine_slots x batch_sessions: batches can never fill"
         );
     }
-    let store = crate::pipeline::snapshot_store(&settings, &metrics)
-        .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))?;
+    let store = snapshot_store(&settings, &metrics)?;
     let pipeline = TurnPipeline::new(
         engine,
         settings.clone(),
@@ -141,4 +149,31 @@ pub fn deps(
         worker_id,
         metrics,
     })
+}
+
+/// The snapshot store the settings name: files in `kv_dir`, or an S3-compatible object
+/// store with `kv_dir` as the cache in front of it, counting into `metrics`.
+fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStore, SystemError> {
+    let limits = Limits {
+        max_tokens: settings.n_ctx,
+        // f32 K+V of a large model is well under 1 MiB per token.
+        max_state_bytes: settings.n_ctx as u64 * (1 << 20),
+    };
+    match settings.snapshot_store {
+        SnapshotStoreKind::Local => Ok(SnapshotStore::local(&settings.kv_dir, limits)),
+        SnapshotStoreKind::S3 => {
+            let config = snapshot::RemoteConfig {
+                endpoint: settings.s3_endpoint.clone(),
+                bucket: settings.s3_bucket.clone().unwrap_or_default(),
+                region: settings.s3_region.clone(),
+                access_key_id: settings.s3_access_key_id.clone(),
+                secret_access_key: settings.s3_secret_access_key.clone(),
+                prefix: settings.s3_prefix.clone(),
+                timeout: std::time::Duration::from_millis(settings.s3_timeout_ms),
+                cache_bytes: settings.kv_cache_bytes,
+            };
+            SnapshotStore::remote(&settings.kv_dir, limits, &config, metrics.snapshot_cache())
+                .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))
+        }
+    }
 }

@@ -129,16 +129,25 @@ pub struct ExtractedFact {
 /// The seam the extraction branch plugs into: grammar-constrained LLM extraction and
 /// seed 002's filters live behind it. Blocking: it runs on a blocking thread.
 pub trait Extractor: Send + Sync {
-    fn extract(&self, speaker: &str, text: &str)
-        -> std::result::Result<Vec<ExtractedFact>, String>;
+    fn extract(
+        &self,
+        speaker: &str,
+        text: &str,
+    ) -> std::result::Result<Vec<ExtractedFact>, ExtractError>;
 
     /// Seed 004's "remember this about X": one third-person fact about `name` from what
     /// the user said (`said`). The caller checks it against `said` before storing it.
-    fn summarize_about(&self, name: &str, said: &str) -> std::result::Result<String, String> {
+    fn summarize_about(&self, name: &str, said: &str) -> std::result::Result<String, ExtractError> {
         let _ = (name, said);
-        Err("this extractor does not summarise".into())
+        Err(ExtractError("this extractor does not summarise".into()))
     }
 }
+
+/// Why an [`Extractor`] gave no answer: its model failed, or its thread stopped. The text
+/// is what the job's result and the `memory_extract_error` event record.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ExtractError(pub String);
 
 /// The memory service a llama worker runs its memory lane with: the embedder, and the
 /// extraction model when `memory_extract` is on: the configured extraction model, or else

@@ -24,14 +24,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::config::{Settings, SnapshotStoreKind};
+use crate::config::Settings;
 use crate::context::digest;
 use crate::context::hud;
 use crate::context::tokens::TokenCount;
 use crate::engine::{Engine, EngineError, EnginePool};
 use crate::memory::MemoryService;
 use crate::metrics::Metrics;
-use crate::snapshot::{self, Limits, SnapshotStore};
+use crate::snapshot::{self, SnapshotStore};
 use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOutput};
@@ -447,31 +447,5 @@ async fn event(pool: &PgPool, turn: &ClaimedTurn, kind: &str, detail: serde_json
         .await;
     if let Err(e) = r {
         warn!(error = %e, kind, "event not recorded");
-    }
-}
-
-/// The snapshot store the settings name: files in `kv_dir`, or an S3-compatible object
-/// store with `kv_dir` as the cache in front of it, counting into `metrics`.
-pub fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStore, String> {
-    let limits = Limits {
-        max_tokens: settings.n_ctx,
-        // f32 K+V of a large model is well under 1 MiB per token.
-        max_state_bytes: settings.n_ctx as u64 * (1 << 20),
-    };
-    match settings.snapshot_store {
-        SnapshotStoreKind::Local => Ok(SnapshotStore::local(&settings.kv_dir, limits)),
-        SnapshotStoreKind::S3 => {
-            let config = snapshot::RemoteConfig {
-                endpoint: settings.s3_endpoint.clone(),
-                bucket: settings.s3_bucket.clone().unwrap_or_default(),
-                region: settings.s3_region.clone(),
-                access_key_id: settings.s3_access_key_id.clone(),
-                secret_access_key: settings.s3_secret_access_key.clone(),
-                prefix: settings.s3_prefix.clone(),
-                timeout: std::time::Duration::from_millis(settings.s3_timeout_ms),
-                cache_bytes: settings.kv_cache_bytes,
-            };
-            SnapshotStore::remote(&settings.kv_dir, limits, &config, metrics.snapshot_cache())
-        }
     }
 }

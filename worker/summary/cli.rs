@@ -9,17 +9,17 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 use sqlx::PgPool;
 
-use super::context_manager::{ContextManager, MemoryError};
+use super::context_manager::{ContextError, ContextManager};
 use super::{daily, jobs, SummaryError, SummaryService};
 use crate::config::{ConfigError, Settings};
 use crate::db::DbError;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub enum SummaryCliError {
     #[error(transparent)]
     Summary(#[from] SummaryError),
     #[error(transparent)]
-    Context(#[from] MemoryError),
+    Context(#[from] ContextError),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
@@ -34,7 +34,7 @@ pub enum CliError {
     Invalid(String),
 }
 
-pub type Result<T, E = CliError> = std::result::Result<T, E>;
+pub type Result<T, E = SummaryCliError> = std::result::Result<T, E>;
 
 #[derive(Args)]
 pub struct SummaryArgs {
@@ -84,8 +84,9 @@ pub enum SummaryCommand {
     },
 }
 
-pub async fn run(args: SummaryArgs, settings: Settings) -> Result<()> {
-    let pool = crate::db::connect(settings.database_url()?, 4).await?;
+/// Runs one `kvmem summary` command on `pool` (from [`crate::system::connect`]), migrating
+/// it first.
+pub async fn run(args: SummaryArgs, settings: Settings, pool: PgPool) -> Result<()> {
     crate::db::migrate(&pool).await?;
     match args.command {
         SummaryCommand::Show { user, character } => {
@@ -140,7 +141,7 @@ async fn context(pool: &PgPool, settings: &Settings, user: &str, scope: &str) ->
 
 async fn export(pool: PgPool, session: &str, file: &std::path::Path) -> Result<()> {
     if !ContextManager::new(pool).export(session, file).await? {
-        return Err(CliError::NotFound(format!(
+        return Err(SummaryCliError::NotFound(format!(
             "no context for session {session}"
         )));
     }
@@ -151,7 +152,7 @@ async fn export(pool: PgPool, session: &str, file: &std::path::Path) -> Result<(
 /// A blank user would match nothing and print an empty report that looks like an answer.
 fn check_user(user: &str) -> Result<()> {
     if user.trim().is_empty() {
-        return Err(CliError::Invalid("--user must not be blank".into()));
+        return Err(SummaryCliError::Invalid("--user must not be blank".into()));
     }
     Ok(())
 }

@@ -25,7 +25,7 @@ pub const MAX_TOKENS: usize = 100_000;
 pub const COMPLETED_TASK_TTL_S: i64 = 86_400;
 
 #[derive(Debug, thiserror::Error)]
-pub enum MemoryError {
+pub enum ContextError {
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
     #[error("json: {0}")]
@@ -133,11 +133,11 @@ impl ContextData {
 
     /// The document as seed 003 prints it: two-space indent, the seed's key order, and a
     /// final newline, as a file has.
-    pub fn to_json(&self) -> Result<String, MemoryError> {
+    pub fn to_json(&self) -> Result<String, ContextError> {
         Ok(serde_json::to_string_pretty(self)? + "\n")
     }
 
-    pub fn from_json(text: &str) -> Result<ContextData, MemoryError> {
+    pub fn from_json(text: &str) -> Result<ContextData, ContextError> {
         Ok(serde_json::from_str(text)?)
     }
 
@@ -164,7 +164,7 @@ impl ContextManager {
 
     /// Seed 003 creates its directory here; the table comes from the migrations, so this
     /// checks that it is there.
-    pub async fn initialize(&self) -> Result<(), MemoryError> {
+    pub async fn initialize(&self) -> Result<(), ContextError> {
         sqlx::query(include_str!("../../sql/summary/ctx_check.sql"))
             .execute(&self.pool)
             .await?;
@@ -172,7 +172,7 @@ impl ContextManager {
     }
 
     /// Loads a context, creating (and saving) an empty one when it does not exist.
-    pub async fn load(&self, session_id: &str) -> Result<ContextData, MemoryError> {
+    pub async fn load(&self, session_id: &str) -> Result<ContextData, ContextError> {
         check_id(session_id)?;
         let stored: Option<String> =
             sqlx::query_scalar(include_str!("../../sql/summary/ctx_get.sql"))
@@ -190,13 +190,13 @@ impl ContextManager {
     }
 
     /// Saves a context atomically: one statement, one transaction.
-    pub async fn save(&self, context: &ContextData) -> Result<(), MemoryError> {
+    pub async fn save(&self, context: &ContextData) -> Result<(), ContextError> {
         check_id(&context.session_id)?;
         self.save_text(&context.session_id, &context.to_json()?)
             .await
     }
 
-    async fn save_text(&self, session_id: &str, text: &str) -> Result<(), MemoryError> {
+    async fn save_text(&self, session_id: &str, text: &str) -> Result<(), ContextError> {
         sqlx::query(include_str!("../../sql/summary/ctx_put.sql"))
             .bind(session_id)
             .bind(text)
@@ -205,7 +205,7 @@ impl ContextManager {
         Ok(())
     }
 
-    pub async fn delete(&self, session_id: &str) -> Result<(), MemoryError> {
+    pub async fn delete(&self, session_id: &str) -> Result<(), ContextError> {
         sqlx::query(include_str!("../../sql/summary/ctx_delete.sql"))
             .bind(session_id)
             .execute(&self.pool)
@@ -213,7 +213,7 @@ impl ContextManager {
         Ok(())
     }
 
-    pub async fn list_sessions(&self) -> Result<Vec<String>, MemoryError> {
+    pub async fn list_sessions(&self) -> Result<Vec<String>, ContextError> {
         Ok(
             sqlx::query_scalar(include_str!("../../sql/summary/ctx_list.sql"))
                 .fetch_all(&self.pool)
@@ -222,7 +222,7 @@ impl ContextManager {
     }
 
     /// The stored document, exactly as saved.
-    pub async fn export_text(&self, session_id: &str) -> Result<Option<String>, MemoryError> {
+    pub async fn export_text(&self, session_id: &str) -> Result<Option<String>, ContextError> {
         Ok(
             sqlx::query_scalar(include_str!("../../sql/summary/ctx_get.sql"))
                 .bind(session_id)
@@ -232,7 +232,7 @@ impl ContextManager {
     }
 
     /// Writes the stored document to `path` (tmp, then rename, as seed 003 does).
-    pub async fn export(&self, session_id: &str, path: &Path) -> Result<bool, MemoryError> {
+    pub async fn export(&self, session_id: &str, path: &Path) -> Result<bool, ContextError> {
         let Some(text) = self.export_text(session_id).await? else {
             return Ok(false);
         };
@@ -244,7 +244,7 @@ impl ContextManager {
 
     /// Reads a document from `path`, checks it parses as a context, and stores its text as
     /// is. Returns its session id.
-    pub async fn import(&self, path: &Path) -> Result<String, MemoryError> {
+    pub async fn import(&self, path: &Path) -> Result<String, ContextError> {
         let text = tokio::fs::read_to_string(path).await?;
         let ctx = ContextData::from_json(&text)?;
         check_id(&ctx.session_id)?;
@@ -253,9 +253,9 @@ impl ContextManager {
     }
 }
 
-fn check_id(id: &str) -> Result<(), MemoryError> {
+fn check_id(id: &str) -> Result<(), ContextError> {
     if id.trim().is_empty() || id.len() > 512 || id.chars().any(char::is_control) {
-        return Err(MemoryError::InvalidSession(id.chars().take(64).collect()));
+        return Err(ContextError::InvalidSession(id.chars().take(64).collect()));
     }
     Ok(())
 }

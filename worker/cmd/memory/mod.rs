@@ -21,18 +21,20 @@ use crate::memory::store::{self, Scope};
 use crate::memory::{render, MemoryError, MemoryService, RankerKind};
 
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub enum MemoryCliError {
     #[error(transparent)]
     Memory(#[from] MemoryError),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error(transparent)]
+    System(#[from] crate::system::SystemError),
     #[error("{0}")]
     Output(String),
 }
 
-pub type Result<T, E = CliError> = std::result::Result<T, E>;
+pub type Result<T, E = MemoryCliError> = std::result::Result<T, E>;
 
 #[derive(Debug, Args)]
 pub struct MemoryArgs {
@@ -215,7 +217,7 @@ fn parse_time(s: &Option<String>) -> Result<Option<DateTime<Utc>>> {
 }
 
 fn print_json(v: &impl serde::Serialize) -> Result<()> {
-    let s = serde_json::to_string_pretty(v).map_err(|e| CliError::Output(e.to_string()))?;
+    let s = serde_json::to_string_pretty(v).map_err(|e| MemoryCliError::Output(e.to_string()))?;
     println!("{s}");
     Ok(())
 }
@@ -223,7 +225,7 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
 /// Runs one `kvmem memory` command against `DATABASE_URL`, migrating first.
 // Long: one arm per `kvmem memory` subcommand.
 pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
-    let pool = db::connect(settings.database_url()?, 4).await?;
+    let pool = crate::system::connect(&settings, 4).await?;
     db::migrate(&pool).await?;
     let needs_embedder = !matches!(
         args.command,
@@ -520,7 +522,7 @@ async fn curate(svc: &MemoryService, s: &Scope) -> Result<()> {
     Ok(())
 }
 
-fn sql_input(e: sqlx::Error) -> CliError {
+fn sql_input(e: sqlx::Error) -> MemoryCliError {
     match &e {
         sqlx::Error::Database(d) if d.code().as_deref() == Some("22023") => {
             MemoryError::Invalid(d.message().to_string()).into()

@@ -190,7 +190,10 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     };
     let tx = cleaned.clone();
     let asked = tokio::task::spawn_blocking(move || extractor.extract(&sp, &tx)).await;
-    let facts = match asked.map_err(|e| e.to_string()).and_then(|r| r) {
+    let facts = match asked
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.0))
+    {
         Ok(f) => f,
         Err(e) => {
             event(&svc.pool, "memory_extract_error", &e, Some(&m.user_id)).await;

@@ -9,9 +9,7 @@ use crate::engine::generate::WarmContext;
 use crate::engine::threads::{EngineThreads, RunError, StartError};
 use crate::engine::{Busy, Engine, EngineParams};
 use crate::memory::ingest::extract::{self, FactCandidate};
-use crate::memory::{ExtractedFact, Extractor};
-
-type Reply = std::result::Result<Vec<ExtractedFact>, String>;
+use crate::memory::{ExtractError, ExtractedFact, Extractor};
 
 /// An extraction model on its own thread.
 pub struct LlmExtractor {
@@ -65,7 +63,7 @@ impl LlmExtractor {
 }
 
 impl Extractor for LlmExtractor {
-    fn extract(&self, speaker: &str, text: &str) -> Reply {
+    fn extract(&self, speaker: &str, text: &str) -> Result<Vec<ExtractedFact>, ExtractError> {
         let (speaker, text) = (speaker.to_string(), text.to_string());
         self.ask(move |extractor, ctx| {
             extractor
@@ -73,15 +71,17 @@ impl Extractor for LlmExtractor {
                 .map(|ex| ex.facts.into_iter().map(stored_form).collect())
                 .map_err(|e| e.to_string())
         })
+        .map_err(ExtractError)
     }
 
-    fn summarize_about(&self, name: &str, said: &str) -> Result<String, String> {
+    fn summarize_about(&self, name: &str, said: &str) -> Result<String, ExtractError> {
         let (name, said) = (name.to_string(), said.to_string());
         self.ask(move |extractor, ctx| {
             extractor
                 .summarize_about(ctx, &name, &said)
                 .map_err(|e| e.to_string())
         })
+        .map_err(ExtractError)
     }
 }
 /// A filtered candidate as the store takes it.

@@ -137,7 +137,7 @@ pub async fn remember_about(
         let answer = tokio::task::spawn_blocking(move || ex.summarize_about(&n, &e))
             .await
             .map_err(|e| e.to_string())
-            .and_then(|r| r);
+            .and_then(|r| r.map_err(|e| e.0));
         model = match answer {
             Err(e) => json!({"error": e}),
             Ok(summary) => {
