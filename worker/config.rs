@@ -292,6 +292,14 @@ pub enum ConfigError {
     Invalid { key: &'static str, problem: String },
 }
 
+/// A setting's error: `key` names the variable users set.
+fn invalid(key: &'static str, problem: &str) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        key,
+        problem: problem.to_string(),
+    })
+}
+
 impl Settings {
     /// Loads the layers from `dir` (normally `config/`) and the process environment.
     pub fn load_from(dir: &Path) -> Result<Settings, ConfigError> {
@@ -351,14 +359,16 @@ impl Settings {
         Ok(settings)
     }
 
-    // Long: one check per setting in the order of config/default.toml, so a reader can match them.
+    /// Checks every setting, in the order of config/default.toml, and names the first that
+    /// is wrong.
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, problem: &str| {
-            Err(ConfigError::Invalid {
-                key,
-                problem: problem.to_string(),
-            })
-        };
+        self.validate_model()?;
+        self.validate_queue()?;
+        self.validate_serving()
+    }
+
+    /// The context, the reply, the model pin and the snapshot store.
+    fn validate_model(&self) -> Result<(), ConfigError> {
         if self.n_ctx < 64 {
             return invalid("N_CTX", "must be at least 64");
         }
@@ -390,6 +400,11 @@ impl Settings {
                 return invalid("KVMEM_S3_TIMEOUT_MS", "must be at least 1");
             }
         }
+        Ok(())
+    }
+
+    /// Turns in flight, group commits, engine slots and batching.
+    fn validate_queue(&self) -> Result<(), ConfigError> {
         if self.concurrency == 0 {
             return invalid("KVMEM_CONCURRENCY", "must be at least 1");
         }
@@ -417,6 +432,11 @@ impl Settings {
                 "above 1 needs KVMEM_KV_TYPE=q8_0: with f16 or f32 KV a batched reply can differ from the same turn run alone",
             );
         }
+        Ok(())
+    }
+
+    /// Leases, sampling, the HTTP limits and the lanes.
+    fn validate_serving(&self) -> Result<(), ConfigError> {
         if self.heartbeat_ms == 0 || self.heartbeat_ms >= self.lease_ms {
             return invalid(
                 "KVMEM_HEARTBEAT_MS",

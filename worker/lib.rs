@@ -29,6 +29,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod queue;
 pub mod runner;
+pub mod services;
 pub mod snapshot;
 pub mod stream;
 pub mod summary;

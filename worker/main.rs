@@ -63,7 +63,7 @@ enum Command {
     /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
     Memory(kvmem::cmd::memory::MemoryArgs),
     /// Summaries: show, rebuild, work, context, export/import of a context document.
-    Summary(kvmem::summary::cli::SummaryArgs),
+    Summary(kvmem::cmd::summary::SummaryArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -146,7 +146,7 @@ async fn main() -> Result<()> {
         Command::Memory(args) => Ok(kvmem::cmd::memory::run(args, settings).await?),
         Command::Summary(args) => {
             let pool = system::connect(&settings, 4).await?;
-            Ok(kvmem::summary::cli::run(args, settings, pool).await?)
+            Ok(kvmem::cmd::summary::run(args, settings, pool).await?)
         }
         Command::Migrate => migrate(&settings).await,
         Command::Worker(args) => worker(args, settings).await,
@@ -227,7 +227,7 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .with_context(|| format!("resolving {listen}"))?
         .next()
         .with_context(|| format!("{listen} resolves to no address"))?;
-    kvmem::http::check_exposure(&addr, &settings).map_err(anyhow::Error::msg)?;
+    kvmem::http::check_exposure(&addr, &settings)?;
     let settings = Arc::new(settings);
     let pool = system::database(&settings, settings.concurrency + 8).await?;
     let shutdown = shutdown_on_signal();
@@ -241,7 +241,7 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .await
         .with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, "kvserver listening");
-    let memory = kvmem::memory::MemoryService::from_settings(pool.clone(), &settings, true).await?;
+    let memory = system::memory_service(pool.clone(), &settings, true).await?;
     let state = kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
     let server = kvmem::http::serve(listener, state, shutdown.clone());
     let Some(mut worker) = worker else {

@@ -72,7 +72,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    // Long: one registration per metric, kept together so the exported set reads as one list.
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("kvmem");
         let m = Metrics {

@@ -9,11 +9,16 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::config::{Settings, SnapshotStoreKind};
-use crate::engine::{Engine, EngineError, EngineParams};
+use crate::engine::{Busy, Engine, EngineError, EngineParams};
+use crate::memory::ingest::llm::LlmExtractor;
+use crate::memory::{MemoryConfig, MemoryError, MemoryService};
 use crate::metrics::Metrics;
 use crate::pipeline::TurnPipeline;
 use crate::runner::{Deps, Generator};
+use crate::services::{Building, Services};
 use crate::snapshot::{self, Limits, SnapshotStore};
+use crate::summary::llm::Summarizer;
+use crate::summary::{SummaryConfig, SummaryService};
 
 /// Why a system could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +49,27 @@ pub enum Model {
 /// A pool on `settings`' database with room for `connections`, as it is (not migrated):
 /// every command and service gets its pool here, so there is one place that opens one.
 pub async fn connect(settings: &Settings, connections: u32) -> Result<PgPool, SystemError> {
-    Ok(crate::db::connect(settings.database_url()?, connections).await?)
+    let url = settings.database_url()?;
+    let pool = crate::db::connect(url, connections).await?;
+    if let Ok(mut opened) = opened().lock() {
+        *opened.entry(url.to_string()).or_default() += 1;
+    }
+    Ok(pool)
+}
+
+/// How many pools this process has opened on `url` through [`connect`]: one per command or
+/// worker, however many services it runs (the wiring's own test reads it).
+pub fn pools_opened(url: &str) -> usize {
+    opened()
+        .lock()
+        .map(|o| o.get(url).copied().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+fn opened() -> &'static std::sync::Mutex<std::collections::HashMap<String, usize>> {
+    static OPENED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, usize>>> =
+        std::sync::OnceLock::new();
+    OPENED.get_or_init(Default::default)
 }
 
 /// [`connect`], then migrates the database.
@@ -110,6 +135,10 @@ pub fn deps(
     worker_id: String,
     metrics: Arc<Metrics>,
 ) -> Result<Deps, SystemError> {
+    let services: Arc<dyn Services> = Arc::new(Wiring {
+        pool: pool.clone(),
+        settings: settings.clone(),
+    });
     let engine = match model {
         Model::Echo { delay } => {
             return Ok(Deps {
@@ -118,6 +147,7 @@ pub fn deps(
                 generator: Generator::Echo { delay },
                 worker_id,
                 metrics,
+                services,
             })
         }
         Model::Llama(engine) => engine,
@@ -141,6 +171,7 @@ pub fn deps(
         pool.clone(),
         metrics.clone(),
         store,
+        services.clone(),
     )?;
     Ok(Deps {
         pool,
@@ -148,6 +179,7 @@ pub fn deps(
         generator: Generator::Llama(Arc::new(pipeline)),
         worker_id,
         metrics,
+        services,
     })
 }
 
@@ -175,5 +207,170 @@ fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStor
             SnapshotStore::remote(&settings.kv_dir, limits, &config, metrics.snapshot_cache())
                 .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))
         }
+    }
+}
+
+/// The memory service `settings` describe: the one place `main`, the turn pipeline, the
+/// memory lane and the CLI make it. `load_embedder: false` is for commands that never
+/// embed, so they neither load the model nor warn that it is missing.
+pub async fn memory_service(
+    pool: PgPool,
+    settings: &Settings,
+    load_embedder: bool,
+) -> Result<MemoryService, MemoryError> {
+    let config = MemoryConfig::from_settings(settings)?;
+    if !load_embedder {
+        return Ok(MemoryService {
+            pool,
+            config,
+            embedder: None,
+            extractor: None,
+        });
+    }
+    Ok(MemoryService::new(pool, config).await)
+}
+
+/// The memory service a llama worker runs its memory lane with: the embedder, and the
+/// extraction model when `memory_extract` is on: the configured extraction model, or else
+/// `chat_engine`, the chat model's weights shared with the turn pipeline (not loaded a
+/// second time). The model's thread pauses while `busy` says live turns need the cores. A
+/// model that fails to load is logged and left out (the lane still embeds), never fatal.
+pub async fn memory_lane_service(
+    pool: PgPool,
+    settings: &Settings,
+    chat_engine: Option<Arc<Engine>>,
+    busy: Option<Busy>,
+) -> Result<MemoryService, MemoryError> {
+    let svc = memory_service(pool, settings, true).await?;
+    if !settings.memory_extract {
+        return Ok(svc);
+    }
+    let own_path = settings.memory_extract_model_path.clone();
+    let started = match (own_path, chat_engine) {
+        (None, Some(engine)) => {
+            tokio::task::spawn_blocking(move || LlmExtractor::start(engine, busy)).await
+        }
+        (path, _) => {
+            let Some(path) = path.or_else(|| settings.model_path.clone()) else {
+                tracing::warn!(
+                    "memory_extract is on but no extraction or chat model is configured"
+                );
+                return Ok(svc);
+            };
+            let params = EngineParams::from_settings(settings);
+            tokio::task::spawn_blocking(move || LlmExtractor::load(&path, params, busy)).await
+        }
+    };
+    match started {
+        Ok(Ok(extractor)) => Ok(svc.with_extractor(Arc::new(extractor))),
+        Ok(Err(e)) => {
+            crate::memory::event(&svc.pool, "memory_extract_error", &e.to_string(), None).await;
+            tracing::warn!(error = %e, "extraction model not loaded; the memory lane only embeds");
+            Ok(svc)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "extraction model load panicked");
+            Ok(svc)
+        }
+    }
+}
+
+/// The summary service with the configured summary model, loaded on a blocking thread. A
+/// model that fails to load is an event and a service without a model, never fatal.
+pub async fn summary_service(
+    pool: PgPool,
+    settings: &Settings,
+    busy: Option<Busy>,
+) -> SummaryService {
+    let config = SummaryConfig::from_settings(settings);
+    let Some(path) = config.model_path.clone() else {
+        return summary_unavailable(pool, config, "no model configured".into()).await;
+    };
+    let params = EngineParams::from_settings(settings);
+    let loaded = tokio::task::spawn_blocking(move || {
+        let engine = Engine::load(&path, None, params).map_err(|e| e.to_string())?;
+        Summarizer::start(Arc::new(engine), busy).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match loaded {
+        Ok(llm) => SummaryService::new(pool, config, Some(Arc::new(llm))),
+        Err(e) => summary_unavailable(pool, config, e).await,
+    }
+}
+
+/// The service a llama worker runs its summary lane with: the configured summary model, or
+/// else `chat_engine`, the chat model's weights shared with the turn pipeline (a context of
+/// its own). Its model thread pauses while `busy` is true.
+pub async fn summary_lane_service(
+    pool: PgPool,
+    settings: &Settings,
+    chat_engine: Option<Arc<Engine>>,
+    busy: Busy,
+) -> SummaryService {
+    let shared = chat_engine.filter(|_| settings.summary_model_path.is_none());
+    let Some(engine) = shared else {
+        return summary_service(pool, settings, Some(busy)).await;
+    };
+    let config = SummaryConfig::from_settings(settings);
+    match SummaryService::yielding(pool.clone(), config.clone(), engine, Some(busy)) {
+        Ok(svc) => svc,
+        Err(e) => summary_unavailable(pool, config, e.to_string()).await,
+    }
+}
+
+/// A service without a model, after recording why: summaries degrade, the worker goes on.
+async fn summary_unavailable(
+    pool: PgPool,
+    config: SummaryConfig,
+    reason: String,
+) -> SummaryService {
+    tracing::warn!(%reason, "no summary model; summaries degrade");
+    crate::summary::event(
+        &pool,
+        "summary_model_unavailable",
+        serde_json::json!({"reason": reason}),
+    )
+    .await;
+    SummaryService::new(pool, config, None)
+}
+
+/// The worker's [`Services`]: each one built from the worker's pool and settings, by the
+/// functions above, when the turn path or a lane first asks.
+struct Wiring {
+    pool: PgPool,
+    settings: Arc<Settings>,
+}
+
+impl Services for Wiring {
+    fn memory(&self) -> Building<'_, Result<MemoryService, MemoryError>> {
+        Box::pin(memory_service(self.pool.clone(), &self.settings, true))
+    }
+
+    fn memory_lane(
+        &self,
+        chat_engine: Option<Arc<Engine>>,
+        busy: Option<Busy>,
+    ) -> Building<'_, Result<MemoryService, MemoryError>> {
+        Box::pin(memory_lane_service(
+            self.pool.clone(),
+            &self.settings,
+            chat_engine,
+            busy,
+        ))
+    }
+
+    fn summary_lane(
+        &self,
+        chat_engine: Option<Arc<Engine>>,
+        busy: Busy,
+    ) -> Building<'_, SummaryService> {
+        Box::pin(summary_lane_service(
+            self.pool.clone(),
+            &self.settings,
+            chat_engine,
+            busy,
+        ))
     }
 }

@@ -275,7 +275,7 @@ pub(super) async fn growth(env: &Env) -> Result<Value> {
     )?);
     let (pool, _) = fresh_db(env, "kvmem_bench_growth").await?;
     let ch = character(&pool).await?;
-    let lane = kvmem::memory::worker_service(pool.clone(), &s, None, None).await?;
+    let lane = kvmem::system::memory_lane_service(pool.clone(), &s, None, None).await?;
     let deps = llama_deps(&pool, s, engine)?;
     for i in 0..turns {
         let (u, _) = filler(i);

@@ -105,7 +105,7 @@ pub(super) async fn recall(env: &Env) -> Result<Value> {
     )?);
     let (pool, _) = fresh_db(env, "kvmem_bench_recall").await?;
     let ch = character(&pool).await?;
-    let lane = kvmem::memory::worker_service(pool.clone(), &on, None, None).await?;
+    let lane = kvmem::system::memory_lane_service(pool.clone(), &on, None, None).await?;
     let on_deps = llama_deps(&pool, on.clone(), engine.clone())?;
     let off_deps = llama_deps(&pool, off, engine.clone())?;
 

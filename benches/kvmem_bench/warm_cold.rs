@@ -79,7 +79,7 @@ pub(super) async fn warm_cold_kv(
         let history = seed_history(&pool, &engine, &sid, ch, size).await?;
         // The lane embeds the seeded dialogue, as it would have while those turns ran;
         // else recall would embed its candidates on the turn's own path.
-        let lane = kvmem::memory::worker_service(pool.clone(), &base, None, None).await?;
+        let lane = kvmem::system::memory_lane_service(pool.clone(), &base, None, None).await?;
         kvmem::memory::ingest::jobs::drain(&lane).await?;
         let scope = snapshot::scope_key("bench", ch, &sid);
         let mut modes: BTreeMap<&str, Vec<TurnTimes>> = BTreeMap::new();

@@ -109,9 +109,10 @@ fn dense(res: &SearchResponse) -> f64 {
     res.hits
         .iter()
         .map(|h| {
-            ["semantic", "span", "voice"]
+            let c = &h.components;
+            [c.semantic, c.span, c.voice]
                 .iter()
-                .map(|k| h.components.get(*k).copied().unwrap_or(0.0).abs())
+                .map(|v| v.unwrap_or(0.0).abs())
                 .sum::<f64>()
         })
         .sum()

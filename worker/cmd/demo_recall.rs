@@ -71,15 +71,16 @@ async fn lanes(
     engine: Arc<Engine>,
     out: &mut String,
 ) -> Result<()> {
-    let memory = crate::memory::worker_service(pool.clone(), settings, Some(engine.clone()), None)
-        .await
-        .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
+    let memory =
+        crate::system::memory_lane_service(pool.clone(), settings, Some(engine.clone()), None)
+            .await
+            .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
     let embedded = crate::memory::ingest::jobs::drain(&memory)
         .await
         .map_err(|e| super::scene::DemoError::Memory(e.to_string()))?;
     let never_busy: crate::engine::Busy = Arc::new(|| false);
     let summary =
-        crate::summary::worker_service(pool.clone(), settings, Some(engine), never_busy).await;
+        crate::system::summary_lane_service(pool.clone(), settings, Some(engine), never_busy).await;
     let later = Utc::now() + Duration::minutes(31);
     eprintln!("demo: closing session 1 at {later} and summarising it");
     let jobs = crate::summary::jobs::drain_at(&summary, later).await?;

@@ -8,3 +8,4 @@ pub mod memory;
 pub mod replay;
 mod scene;
 pub mod status;
+pub mod summary;

@@ -204,7 +204,6 @@ pub fn scenes_from_jsonl(path: &Path) -> Result<Vec<Scene>, ReplayError> {
 
 /// Queues every scene into a new session on the replay lane, waits for the workers, and
 /// compares. The source session's current facts are copied, so the digest matches.
-// Long: queue, wait and compare walk the same scene list in one pass; split, they would hand it around in pieces.
 pub async fn run(
     pool: &PgPool,
     scenes: &[Scene],
@@ -213,78 +212,12 @@ pub async fn run(
     progress: bool,
 ) -> Result<Report, ReplayError> {
     let started = Instant::now();
-    let mut queued = Vec::new();
-    for scene in scenes {
-        let target = crate::turn::replay_session(run_id, &scene.session_id);
-        sqlx::query(include_str!("../../sql/cmd/replay_copy_facts.sql"))
-            .bind(&scene.session_id)
-            .bind(&target)
-            .execute(pool)
-            .await?;
-        for (i, msg) in scene.messages.iter().enumerate() {
-            let key = format!("{target}:{i}");
-            let turn = queue::NewTurn {
-                session_id: &target,
-                user_id: &scene.user_id,
-                character_id: scene.character_id,
-                message: msg,
-                idempotency_key: Some(&key),
-            };
-            let id = queue::enqueue_on(pool, &turn, "replay").await?;
-            queued.push((scene, target.clone(), i, id));
-        }
-    }
-    let ids: Vec<i64> = queued.iter().map(|q| q.3 .0).collect();
-    let bar = if progress {
-        ProgressBar::new(ids.len() as u64)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("replay {bar:40} {pos}/{len} turns ({elapsed}, eta {eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    loop {
-        let finished: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/replay_finished.sql"))
-            .bind(&ids)
-            .fetch_one(pool)
-            .await?;
-        bar.set_position(finished as u64);
-        if finished as usize == ids.len() {
-            break;
-        }
-        if started.elapsed() > timeout {
-            bar.abandon();
-            return Err(ReplayError::Timeout(timeout.as_secs()));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bar.finish();
+    let queued = queue_scenes(pool, scenes, run_id).await?;
+    let ids: Vec<i64> = queued.iter().map(|q| q.id.0).collect();
+    wait_for(pool, &ids, started, timeout, progress).await?;
     let mut turns = Vec::new();
-    for (scene, target, i, id) in queued {
-        let row = sqlx::query_as::<_, TurnResultRow>(include_str!(
-            "../../sql/cmd/replay_turn_result.sql"
-        ))
-        .bind(id.0)
-        .fetch_one(pool)
-        .await?;
-        let reply = row.reply;
-        let original = scene.replies.get(i).cloned();
-        turns.push(TurnReport {
-            source_session: scene.session_id.clone(),
-            replay_session: target,
-            index: i,
-            turn_id: id.0,
-            state: row.state,
-            latency_ms: row.latency_ms,
-            cold: row.start.cold,
-            start: row.start.start(),
-            original_start: scene.starts.get(i).cloned().flatten(),
-            after_original_cold: last_cold_start(&scene.starts[..scene.starts.len().min(i + 1)]),
-            identical: original.as_ref().map(|o| Some(o) == reply.as_ref()),
-            original,
-            reply,
-        });
+    for q in queued {
+        turns.push(compare(pool, q).await?);
     }
     Ok(Report {
         run_id: run_id.to_string(),
@@ -303,6 +236,116 @@ pub async fn run(
                 )
             })
             .collect(),
+    })
+}
+
+/// One queued replay turn: the scene's `index`-th message, as turn `id` of `target`.
+struct Queued<'s> {
+    scene: &'s Scene,
+    target: String,
+    index: usize,
+    id: queue::TurnId,
+}
+
+/// Copies each scene's facts to its replay session and queues its messages there.
+async fn queue_scenes<'s>(
+    pool: &PgPool,
+    scenes: &'s [Scene],
+    run_id: &str,
+) -> Result<Vec<Queued<'s>>, ReplayError> {
+    let mut queued = Vec::new();
+    for scene in scenes {
+        let target = crate::turn::replay_session(run_id, &scene.session_id);
+        sqlx::query(include_str!("../../sql/cmd/replay_copy_facts.sql"))
+            .bind(&scene.session_id)
+            .bind(&target)
+            .execute(pool)
+            .await?;
+        for (index, msg) in scene.messages.iter().enumerate() {
+            let key = format!("{target}:{index}");
+            let turn = queue::NewTurn {
+                session_id: &target,
+                user_id: &scene.user_id,
+                character_id: scene.character_id,
+                message: msg,
+                idempotency_key: Some(&key),
+            };
+            let id = queue::enqueue_on(pool, &turn, "replay").await?;
+            queued.push(Queued {
+                scene,
+                target: target.clone(),
+                index,
+                id,
+            });
+        }
+    }
+    Ok(queued)
+}
+
+/// Waits until every turn of `ids` has finished, or `timeout` after `started`.
+async fn wait_for(
+    pool: &PgPool,
+    ids: &[i64],
+    started: Instant,
+    timeout: Duration,
+    progress: bool,
+) -> Result<(), ReplayError> {
+    let bar = if progress {
+        ProgressBar::new(ids.len() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("replay {bar:40} {pos}/{len} turns ({elapsed}, eta {eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    loop {
+        let finished: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/replay_finished.sql"))
+            .bind(ids)
+            .fetch_one(pool)
+            .await?;
+        bar.set_position(finished as u64);
+        if finished as usize == ids.len() {
+            bar.finish();
+            return Ok(());
+        }
+        if started.elapsed() > timeout {
+            bar.abandon();
+            return Err(ReplayError::Timeout(timeout.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A finished replay turn against the recorded one.
+async fn compare(pool: &PgPool, q: Queued<'_>) -> Result<TurnReport, ReplayError> {
+    let Queued {
+        scene,
+        target,
+        index: i,
+        id,
+    } = q;
+    let row =
+        sqlx::query_as::<_, TurnResultRow>(include_str!("../../sql/cmd/replay_turn_result.sql"))
+            .bind(id.0)
+            .fetch_one(pool)
+            .await?;
+    let reply = row.reply;
+    let original = scene.replies.get(i).cloned();
+    Ok(TurnReport {
+        source_session: scene.session_id.clone(),
+        replay_session: target,
+        index: i,
+        turn_id: id.0,
+        state: row.state,
+        latency_ms: row.latency_ms,
+        cold: row.start.cold,
+        start: row.start.start(),
+        original_start: scene.starts.get(i).cloned().flatten(),
+        after_original_cold: last_cold_start(&scene.starts[..scene.starts.len().min(i + 1)]),
+        identical: original.as_ref().map(|o| Some(o) == reply.as_ref()),
+        original,
+        reply,
     })
 }
 

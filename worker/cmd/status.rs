@@ -89,6 +89,6 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
         p50_ms.unwrap_or(0.0),
         p95_ms.unwrap_or(0.0)
     );
-    out.push_str(&crate::summary::cli::status_report(pool).await?);
+    out.push_str(&super::summary::status_report(pool).await?);
     Ok(out)
 }

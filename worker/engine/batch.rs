@@ -19,7 +19,8 @@ use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{export_seq, Engine, EngineError, Result, TokenSink};
+use super::error::{EngineError, Result};
+use super::model::{export_seq, Engine, TokenSink};
 
 /// One session's part of a joint decode.
 pub struct SeqJob {

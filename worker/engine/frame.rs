@@ -3,7 +3,7 @@
 
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 
-use super::{EngineError, Result};
+use super::error::{EngineError, Result};
 
 /// A templated message split around its content: `parts[0] content[0] parts[1] ...`.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
 
-use super::Engine;
+use super::model::Engine;
 
 const PENALTY_LAST_N: i32 = 64;
 const PENALTY_REPEAT: f32 = 1.1;

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use llama_cpp_2::context::LlamaContext;
 
+use super::error::EngineError;
+use super::model::Engine;
 use super::threads::{EngineThreads, RunError, StartError};
-use super::{Engine, EngineError};
 
 /// One engine thread's contexts.
 pub struct Contexts {

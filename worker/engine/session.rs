@@ -9,7 +9,8 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::token::LlamaToken;
 
-use super::{Engine, EngineError, Result, TokenSink, SEQ};
+use super::error::{EngineError, Result};
+use super::model::{Engine, TokenSink, SEQ};
 use crate::snapshot::{SegKind, Segment};
 
 /// Timings of one generation, in milliseconds.
@@ -324,6 +325,6 @@ impl<'e, 'c> KvSession<'e, 'c> {
 
     /// Serialises the sequence state for a snapshot.
     pub fn export_state(&self) -> Vec<u8> {
-        super::export_seq(self.ctx, SEQ)
+        super::model::export_seq(self.ctx, SEQ)
     }
 }

@@ -4,9 +4,30 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 
-use super::Engine;
+use super::model::Engine;
 
 type Job<S> = Box<dyn FnOnce(&Engine, &mut S) + Send>;
+
+/// Why a background model (summaries, extraction) did not start: its file did not load,
+/// or its thread could not be made or make its context.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelStartError {
+    #[error(transparent)]
+    Load(#[from] super::error::EngineError),
+    #[error("{0}")]
+    Thread(String),
+}
+
+impl<E: std::fmt::Display> StartError<E> {
+    /// As a [`ModelStartError`], naming the thread (`what`) when it died before answering.
+    pub fn for_model(self, what: &str) -> ModelStartError {
+        ModelStartError::Thread(match self {
+            StartError::Spawn(e) => e.to_string(),
+            StartError::Make(e) => e.to_string(),
+            StartError::Died => format!("{what} thread died"),
+        })
+    }
+}
 
 /// Why the threads did not start.
 #[derive(Debug)]

@@ -6,7 +6,8 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 use crate::queue::TurnId;
 
 /// A turn with its latest log row, as `turn_owned.sql` returns it; the log columns are

@@ -17,7 +17,8 @@ use tokio::sync::broadcast;
 use crate::queue::{self, TurnId};
 
 use super::answer::{fingerprint, OwnedTurnRow};
-use super::{header, ApiError, AppState};
+use super::error::ApiError;
+use super::state::{header, AppState};
 
 #[derive(Deserialize)]
 struct ChatRequest {

@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::snapshot::{self, Limits};
 
-use super::{header, ApiError, AppState};
+use super::error::ApiError;
+use super::state::{header, AppState};
 
 #[derive(Deserialize)]
 pub(super) struct HintQuery {

@@ -8,7 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 
 fn memory_service(state: &AppState) -> Result<Arc<crate::memory::MemoryService>, ApiError> {
     state.memory.clone().ok_or_else(|| {

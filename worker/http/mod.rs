@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,55 +30,15 @@ mod memory;
 pub mod memory_api;
 mod ops;
 mod sse;
+mod state;
 
 use chat::chat;
 use error::ApiError;
 use hint::rotate_hint;
 use memory::{memory_refresh, memory_search, memory_snapshot, memory_summary, memory_todos};
 use ops::{info, metrics};
-
-/// What the server needs; cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    pub settings: Arc<Settings>,
-    /// SHA-256 of the configured model file ("" when no model is configured).
-    pub model_sha: String,
-    /// What `/metrics` renders: the process-wide registry unless set otherwise.
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// Long-term memory for `/v1/memory/*` (503 there without it).
-    pub memory: Option<Arc<crate::memory::MemoryService>>,
-    done: broadcast::Sender<i64>,
-    /// The LISTEN connection streamed replies are followed through.
-    hub: crate::stream::Hub,
-}
-
-impl AppState {
-    pub fn new(pool: PgPool, settings: Arc<Settings>, model_sha: String) -> AppState {
-        let (done, _) = broadcast::channel(4096);
-        AppState {
-            hub: crate::stream::Hub::new(pool.clone()),
-            pool,
-            settings,
-            model_sha,
-            metrics: crate::metrics::global(),
-            memory: None,
-            done,
-        }
-    }
-
-    /// Serves `/v1/memory/*` from this memory service.
-    pub fn with_memory(mut self, memory: Arc<crate::memory::MemoryService>) -> AppState {
-        self.memory = Some(memory);
-        self
-    }
-
-    /// Renders `metrics` at `/metrics` (a worker's own registry, in tests).
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> AppState {
-        self.metrics = metrics;
-        self
-    }
-}
+use state::header;
+pub use state::AppState;
 
 /// The routes, behind the bearer token (when configured), the in-flight limit and the
 /// body size limit.
@@ -146,7 +106,10 @@ async fn authorize(State(state): State<AppState>, request: Request, next: Next) 
 
 /// Why `kvmem serve` must not start on this address with these settings, if it must not:
 /// beyond loopback, the API is only served behind a bearer token.
-pub fn check_exposure(addr: &std::net::SocketAddr, settings: &Settings) -> Result<(), String> {
+pub fn check_exposure(
+    addr: &std::net::SocketAddr,
+    settings: &Settings,
+) -> Result<(), ExposureError> {
     let has_token = settings
         .http_token
         .as_deref()
@@ -154,11 +117,14 @@ pub fn check_exposure(addr: &std::net::SocketAddr, settings: &Settings) -> Resul
     if addr.ip().is_loopback() || has_token {
         Ok(())
     } else {
-        Err(format!(
-            "refusing to listen on {addr} without KVMEM_HTTP_TOKEN: beyond loopback the API needs a bearer token"
-        ))
+        Err(ExposureError(*addr))
     }
 }
+
+/// A listen address beyond loopback without a bearer token.
+#[derive(Debug, thiserror::Error)]
+#[error("refusing to listen on {0} without KVMEM_HTTP_TOKEN: beyond loopback the API needs a bearer token")]
+pub struct ExposureError(std::net::SocketAddr);
 
 /// Serves until `shutdown`, with the completion listener running beside it.
 pub async fn serve(
@@ -204,12 +170,4 @@ async fn listen_done(pool: PgPool, done: broadcast::Sender<i64>, shutdown: Cance
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-}
-
-/// A request header as text, if present and printable.
-pub(super) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
 }

@@ -7,7 +7,8 @@ use serde_json::{json, Value};
 
 use crate::snapshot;
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 
 /// `GET /v1/info`: the system fingerprint and effective configuration (no secrets).
 pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiError> {

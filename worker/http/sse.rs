@@ -20,7 +20,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::answer::{fingerprint, OwnedTurnRow};
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 use crate::queue::TurnId;
 use crate::stream::{self, Delta, Follow, Heard, Note, SoFar};
 
@@ -53,11 +54,13 @@ pub(super) async fn stream(
     reply: Reply,
     timeout: Duration,
 ) -> Result<Response, ApiError> {
-    let follow = state
-        .hub
-        .follow(reply.id.0)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e))?;
+    let follow = state.hub.follow(reply.id.0).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            e.to_string(),
+        )
+    })?;
     let mut relay = Relay {
         state,
         reply,

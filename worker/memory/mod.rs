@@ -26,7 +26,6 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::engine::{Busy, Engine};
 pub use embed::Embedder;
 
 /// Errors of the memory layer. Embedder failures are not here on purpose: they degrade
@@ -149,55 +148,6 @@ pub trait Extractor: Send + Sync {
 #[error("{0}")]
 pub struct ExtractError(pub String);
 
-/// The memory service a llama worker runs its memory lane with: the embedder, and the
-/// extraction model when `memory_extract` is on: the configured extraction model, or else
-/// `chat_engine`, the chat model's weights shared with the turn pipeline (not loaded a
-/// second time). The model's thread pauses while `busy` says live turns need the cores. A
-/// model that fails to load is logged and left out (the lane still embeds), never fatal.
-pub async fn worker_service(
-    pool: PgPool,
-    settings: &Settings,
-    chat_engine: Option<Arc<Engine>>,
-    busy: Option<Busy>,
-) -> Result<MemoryService> {
-    let svc = MemoryService::from_settings(pool, settings, true).await?;
-    if !settings.memory_extract {
-        return Ok(svc);
-    }
-    let own_path = settings.memory_extract_model_path.clone();
-    let started = match (own_path, chat_engine) {
-        (None, Some(engine)) => {
-            tokio::task::spawn_blocking(move || ingest::llm::LlmExtractor::start(engine, busy))
-                .await
-        }
-        (path, _) => {
-            let Some(path) = path.or_else(|| settings.model_path.clone()) else {
-                tracing::warn!(
-                    "memory_extract is on but no extraction or chat model is configured"
-                );
-                return Ok(svc);
-            };
-            let params = crate::engine::EngineParams::from_settings(settings);
-            tokio::task::spawn_blocking(move || {
-                ingest::llm::LlmExtractor::load(&path, params, busy)
-            })
-            .await
-        }
-    };
-    match started {
-        Ok(Ok(extractor)) => Ok(svc.with_extractor(Arc::new(extractor))),
-        Ok(Err(e)) => {
-            event(&svc.pool, "memory_extract_error", &e, None).await;
-            tracing::warn!(error = %e, "extraction model not loaded; the memory lane only embeds");
-            Ok(svc)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "extraction model load panicked");
-            Ok(svc)
-        }
-    }
-}
-
 /// Memory settings, from [`Settings`].
 #[derive(Debug, Clone)]
 pub struct MemoryConfig {
@@ -238,26 +188,6 @@ pub struct MemoryService {
 }
 
 impl MemoryService {
-    /// The memory service `settings` describe: the one place `main`, the turn pipeline, the
-    /// memory lane and the CLI make it. `load_embedder: false` is for commands that never
-    /// embed, so they neither load the model nor warn that it is missing.
-    pub async fn from_settings(
-        pool: PgPool,
-        settings: &Settings,
-        load_embedder: bool,
-    ) -> Result<MemoryService> {
-        let config = MemoryConfig::from_settings(settings)?;
-        if !load_embedder {
-            return Ok(MemoryService {
-                pool,
-                config,
-                embedder: None,
-                extractor: None,
-            });
-        }
-        Ok(MemoryService::new(pool, config).await)
-    }
-
     /// Takes the process's embedder (loaded on first use, then shared by every service) if
     /// it can. A missing or broken model file is not an error (seed
     /// 004's graceful degradation): a loud warning on stderr, an event row, and retrieval

@@ -29,12 +29,17 @@ struct KvRow {
     digest_version: String,
 }
 
+/// A recorded row whose segment table does not tile its tokens.
+#[derive(Debug, thiserror::Error)]
+#[error("recorded segments unreadable: {0}")]
+pub struct Unreadable(String);
+
 /// The session's recorded KV dialogue. A row whose segment table does not tile its tokens
-/// is reported as an error string: the caller falls back to the text rebuild.
+/// is reported as [`Unreadable`]: the caller falls back to the text rebuild.
 pub async fn recorded(
     pool: &PgPool,
     session_id: &str,
-) -> Result<Option<Result<Recorded, String>>, sqlx::Error> {
+) -> Result<Option<Result<Recorded, Unreadable>>, sqlx::Error> {
     let Some(row) = sqlx::query_as::<_, KvRow>(include_str!("../../sql/turn/session_kv.sql"))
         .bind(session_id)
         .fetch_optional(pool)
@@ -44,7 +49,7 @@ pub async fn recorded(
     };
     let segments = match parse_segments(&row.segments, row.token_ids.len() as u32) {
         Ok(segments) => segments,
-        Err(e) => return Ok(Some(Err(format!("recorded segments unreadable: {e}")))),
+        Err(e) => return Ok(Some(Err(Unreadable(e.to_string())))),
     };
     Ok(Some(Ok(Recorded {
         user_id: row.user_id,

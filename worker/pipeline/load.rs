@@ -58,7 +58,7 @@ impl TurnPipeline {
                 Ok(record) => return Ok((Start::Cold(ColdSource::Exact(record)), Some(reason))),
                 Err(why) => why,
             },
-            Some(Err(why)) => why,
+            Some(Err(why)) => why.to_string(),
             None => "no recorded KV dialogue".to_string(),
         };
         info!(%why_text, "cold start rebuilds the dialogue from its text");

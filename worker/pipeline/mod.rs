@@ -31,6 +31,7 @@ use crate::context::tokens::TokenCount;
 use crate::engine::{Engine, EngineError, EnginePool};
 use crate::memory::MemoryService;
 use crate::metrics::Metrics;
+use crate::services::Services;
 use crate::snapshot::{self, SnapshotStore};
 use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
@@ -53,6 +54,8 @@ pub struct TurnPipeline {
     metrics: Arc<Metrics>,
     /// Recall's retrieval (the query embedder and the search), made on the first turn.
     memory: tokio::sync::OnceCell<Option<MemoryService>>,
+    /// Where `memory` comes from: the composition root's services.
+    services: Arc<dyn Services>,
     /// Publishes replies as they are generated; started on the first turn, inside the
     /// runtime, when `stream_deltas` is on.
     publisher: std::sync::OnceLock<Publisher>,
@@ -77,6 +80,7 @@ impl TurnPipeline {
         db: PgPool,
         metrics: Arc<Metrics>,
         store: SnapshotStore,
+        services: Arc<dyn Services>,
     ) -> Result<TurnPipeline, EngineError> {
         let engines = Arc::new(EnginePool::start(
             engine,
@@ -104,6 +108,7 @@ impl TurnPipeline {
             db,
             metrics,
             memory: tokio::sync::OnceCell::new(),
+            services,
             publisher: std::sync::OnceLock::new(),
         })
     }
@@ -122,7 +127,6 @@ impl TurnPipeline {
     }
 
     /// Steps 1–5 for a claimed turn; the runner does step 6 (fenced completion).
-    // Long: the seed's steps in order, as CONTRIBUTING asks of it; each step is already a call.
     pub async fn run_turn(
         &self,
         turn: &ClaimedTurn,
@@ -158,25 +162,7 @@ impl TurnPipeline {
         }
 
         // 2–4. Prune, build the context (HUD, digest when due, message), generate.
-        let job = TurnJob {
-            turn_id: turn.id.0,
-            base_prompt: inputs.base_prompt.clone(),
-            hud: inputs.hud.clone(),
-            digest: inputs.digest.clone(),
-            context: inputs.context.clone(),
-            recall: inputs.recalled.items.clone(),
-            recall_max: s.memory_max_tokens,
-            user: turn.message.clone(),
-            reply_prefix: inputs.reply_prefix.clone(),
-            tail: s.kv_tail_tokens,
-            reply_max: s.reply_max_tokens,
-            export: s.kv_only_enabled,
-            stream: s.stream_deltas.then(|| {
-                self.publisher
-                    .get_or_init(|| Publisher::spawn(self.db.clone()))
-                    .target(turn.id.0, turn.fencing_token, &turn.session_id)
-            }),
-        };
+        let job = self.job(turn, &inputs);
         // What the turn spent before its engine thread (inputs, recall, snapshot read)
         // counts towards its time to first token.
         let before_engine_ms = turn_started.elapsed().as_millis() as u64;
@@ -198,15 +184,8 @@ impl TurnPipeline {
         log.ttft_ms += before_engine_ms;
 
         // 5. Save the pruned KV, while the lease is still ours.
-        if let Some(state) = &run.state {
-            let saved_at = Instant::now();
-            log.kv_bytes = state.len() as u64;
-            log.bpt = (state.len() / run.token_ids.len().max(1)) as u32;
-            if !self.save(&scope, turn, &run, &abort).await {
-                return Err(TurnError::Aborted);
-            }
-            log.save_ms = saved_at.elapsed().as_millis() as u64;
-        }
+        self.save_state(&mut log, &scope, turn, &run, &abort)
+            .await?;
         let run = *run;
         if let Some(stream) = &stream {
             // The commit's end message must not overtake the reply's last delta.
@@ -225,6 +204,54 @@ impl TurnPipeline {
             }),
             memory_ops,
         })
+    }
+
+    /// What the engine thread runs for `turn`: its inputs, within the settings' budgets,
+    /// with a stream target when replies are streamed.
+    fn job(&self, turn: &ClaimedTurn, inputs: &Inputs) -> TurnJob {
+        let s = &self.settings;
+        TurnJob {
+            turn_id: turn.id.0,
+            base_prompt: inputs.base_prompt.clone(),
+            hud: inputs.hud.clone(),
+            digest: inputs.digest.clone(),
+            context: inputs.context.clone(),
+            recall: inputs.recalled.items.clone(),
+            recall_max: s.memory_max_tokens,
+            user: turn.message.clone(),
+            reply_prefix: inputs.reply_prefix.clone(),
+            tail: s.kv_tail_tokens,
+            reply_max: s.reply_max_tokens,
+            export: s.kv_only_enabled,
+            stream: s.stream_deltas.then(|| {
+                self.publisher
+                    .get_or_init(|| Publisher::spawn(self.db.clone()))
+                    .target(turn.id.0, turn.fencing_token, &turn.session_id)
+            }),
+        }
+    }
+
+    /// Step 5: saves the run's pruned KV (when it exported one) while the lease is still
+    /// ours, and logs its size and time; a save the lease lost aborts the turn.
+    async fn save_state(
+        &self,
+        log: &mut KvLog,
+        scope: &str,
+        turn: &ClaimedTurn,
+        run: &TurnRun,
+        abort: &Arc<AtomicBool>,
+    ) -> Result<(), TurnError> {
+        let Some(state) = &run.state else {
+            return Ok(());
+        };
+        let saved_at = Instant::now();
+        log.kv_bytes = state.len() as u64;
+        log.bpt = (state.len() / run.token_ids.len().max(1)) as u32;
+        if !self.save(scope, turn, run, abort).await {
+            return Err(TurnError::Aborted);
+        }
+        log.save_ms = saved_at.elapsed().as_millis() as u64;
+        Ok(())
     }
 
     /// The character's HUD line and base prompt, the session's current digest, the context
@@ -293,7 +320,7 @@ impl TurnPipeline {
     async fn memory(&self) -> Option<&MemoryService> {
         self.memory
             .get_or_init(|| async {
-                match MemoryService::from_settings(self.db.clone(), &self.settings, true).await {
+                match self.services.memory().await {
                     Ok(svc) => Some(svc),
                     Err(e) => {
                         warn!(error = %e, "recall and in-chat memory commands off: bad memory settings");

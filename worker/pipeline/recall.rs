@@ -11,11 +11,10 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
-use crate::memory::embed::Role;
 use crate::memory::search::cards;
 use crate::memory::search::{self, HitKind, SearchRequest};
 use crate::memory::store::Scope;
-use crate::memory::{embed, MemoryService};
+use crate::memory::MemoryService;
 use crate::summary::cache::content_hash;
 use crate::turn::{self, ClaimedTurn};
 
@@ -23,10 +22,6 @@ use crate::turn::{self, ClaimedTurn};
 const ASSISTANT: &str = "assistant";
 /// Candidates asked of the search; the token budget decides how many are injected.
 const RECALL_CANDIDATES: usize = 6;
-/// The relevance gate, applied to each recalled line on its own (see
-/// [`about_the_message`]): the embedder's related cosine with the message, or this share
-/// of the message's content words in the line.
-const GATE_LEXICAL: f64 = 0.24;
 /// A dialogue hit longer than this is clipped: one long message must not take the budget.
 const ITEM_MAX_CHARS: usize = 240;
 
@@ -92,17 +87,15 @@ async fn candidates(
         // What the user told the character, never the character's own earlier replies.
         skip_speaker: Some(ASSISTANT.to_string()),
     };
-    let mut found = search::search(svc, &req).await?;
-    let query_vector = found.query_vector.take();
-    found.hits = about_the_message(svc, query_vector.as_deref(), found.hits).await;
+    let hits = search::lines_to_recall(svc, &req, &clip).await?;
     let mut items = Vec::new();
-    for card in cards::cards_for_hits(&svc.pool, &req.scope, &found.hits).await? {
+    for card in cards::cards_for_hits(&svc.pool, &req.scope, &hits).await? {
         items.push(RecallItem {
             key: format!("c{}", short_hash(&card.text)),
             text: card.text,
         });
     }
-    for hit in found.hits.iter().filter(|h| visible(h, &turn.session_id)) {
+    for hit in hits.iter().filter(|h| visible(h, &turn.session_id)) {
         let item = match hit.kind {
             HitKind::Memory => RecallItem {
                 key: format!("m{}", hit.id.trim_start_matches("memory:")),
@@ -121,58 +114,6 @@ async fn candidates(
         }
     }
     Ok(items)
-}
-
-/// Keeps the hits that are about the message on their own: a cosine of at least the
-/// embedder's related cosine between the message and the line alone, or [`GATE_LEXICAL`] of its
-/// words in the line, or a place in the time the message names. The search ranks a turn
-/// by its key (the turn with the one it answers) and by the span it sits in, which is right
-/// for finding evidence and wrong for injecting it: in a short history every turn shares a
-/// span, and a question about the user's sister brought the city they grew up in and their
-/// race as well, leaving nothing new for the questions that asked about those. Without an
-/// embedder the words decide alone.
-async fn about_the_message(
-    svc: &MemoryService,
-    q: Option<&[f32]>,
-    hits: Vec<search::Hit>,
-) -> Vec<search::Hit> {
-    let part = |h: &search::Hit, k: &str| h.components.get(k).copied().unwrap_or(0.0);
-    let gate_cosine = svc.related_cosine().unwrap_or(f64::INFINITY);
-    let by_words = |h: &search::Hit| part(h, "lexical") >= GATE_LEXICAL || part(h, "time") > 0.0;
-    // Facts are statements on their own: the search's cosine is already theirs alone. The
-    // other lines are embedded alone, clipped as recall shows them, and only where the
-    // words have not let them through already: each costs the turn about what the query
-    // did.
-    let lone = |h: &search::Hit| match (h.kind, h.speaker.as_deref()) {
-        (HitKind::Memory, _) => None,
-        _ if by_words(h) => None,
-        (HitKind::Message, Some(speaker)) => {
-            Some(search::message_key(speaker, &clip(&h.text), None))
-        }
-        _ => Some(clip(&h.text)),
-    };
-    let lines: Vec<Option<String>> = hits.iter().map(lone).collect();
-    // The search's own query vector: the message is not embedded a second time.
-    let vectors = match q {
-        Some(_) if lines.iter().any(Option::is_some) => {
-            svc.embed(lines.iter().flatten().cloned().collect(), Role::Passage)
-                .await
-        }
-        _ => None,
-    };
-    let mut alone = vectors.iter().flatten();
-    hits.into_iter()
-        .zip(lines)
-        .filter(|(h, line)| {
-            let cosine = match (line, q) {
-                (None, _) => part(h, "semantic"),
-                (Some(_), Some(q)) => alone.next().map_or(0.0, |v| f64::from(embed::dot(q, v))),
-                (Some(_), None) => 0.0,
-            };
-            by_words(h) || cosine >= gate_cosine
-        })
-        .map(|(h, _)| h)
-        .collect()
 }
 
 /// Dialogue recall is over other sessions: this session's recent turns are in the KV, and

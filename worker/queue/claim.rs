@@ -3,7 +3,8 @@
 
 use sqlx::PgPool;
 
-use super::{ClaimedTurn, Result, TurnId};
+use super::types::Result;
+use crate::turn::{ClaimedTurn, TurnId};
 
 /// A turn as `claim_lease.sql` returns it; the owner is not a column, so the row is
 /// turned into a [`ClaimedTurn`] here rather than decoded into one.

@@ -5,8 +5,10 @@ use std::collections::HashSet;
 
 use sqlx::PgPool;
 
-use super::{insert_log_rows, ClaimedTurn, QueueError, Result};
+use super::finish::insert_log_rows;
+use super::types::{QueueError, Result};
 use crate::snapshot::render_segments;
+use crate::turn::ClaimedTurn;
 use crate::turn::TurnOutput;
 
 /// A finished turn waiting to be committed.
@@ -32,7 +34,6 @@ pub async fn complete(pool: &PgPool, turn: &ClaimedTurn, output: TurnOutput) -> 
 /// own: a turn whose lease was lost gets `Err(Fenced)` and writes nothing, the others
 /// commit. The result has one entry per input, in order. `Err` for the call as a whole
 /// means nothing was committed.
-// Long: the statements of one fenced transaction, kept together so their order and the fence read in one place.
 pub async fn complete_many(pool: &PgPool, batch: &[Completion]) -> Result<Vec<Result<()>>> {
     if batch.is_empty() {
         return Ok(Vec::new());

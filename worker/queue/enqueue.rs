@@ -2,7 +2,8 @@
 
 use sqlx::PgPool;
 
-use super::{Result, TurnId};
+use super::types::Result;
+use crate::turn::TurnId;
 
 /// A turn as a backend hands it to the queue.
 #[derive(Debug, Clone, Copy)]

@@ -3,11 +3,10 @@
 
 use sqlx::PgPool;
 
-use super::{
-    fence, insert_log_rows, notify_done, release_lease, ClaimedTurn, QueueError, QueueTiming,
-    Result, TurnState,
-};
+use super::finish::{fence, insert_log_rows, notify_done, release_lease};
+use super::types::{QueueError, QueueTiming, Result};
 use crate::turn::log::KvLog;
+use crate::turn::{ClaimedTurn, TurnState};
 
 /// The column of `fail.sql`'s row that `fail` needs: the state the turn moved to.
 #[derive(sqlx::FromRow)]

@@ -2,7 +2,8 @@
 
 use sqlx::PgPool;
 
-use super::{Result, TurnId, TurnState};
+use super::types::Result;
+use crate::turn::{TurnId, TurnState};
 
 /// A turn the reaper moved out of `running`.
 #[derive(Debug, Clone)]

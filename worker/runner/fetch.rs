@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use super::commit::Completer;
+use super::generator::Deps;
 use super::lease::LeaseKeeper;
 use super::process::{run_claimed, Outcome, Slot};
-use super::Deps;
 use crate::queue;
 use crate::turn::ClaimedTurn;
 
@@ -21,7 +21,6 @@ use crate::turn::ClaimedTurn;
 /// again only when something can have become ready: a NOTIFY, a commit (the session's next
 /// turn), the reaper, the poll timer, or a claim that filled every free place (there may be
 /// more). A freed slot alone only starts a turn already claimed.
-// Long: one loop whose wake-ups share the claim state (waiting, running, claim_now); a struct for it would only move the same lines.
 pub(super) async fn fetch_loop(
     deps: Deps,
     wake: Arc<Notify>,
@@ -38,25 +37,16 @@ pub(super) async fn fetch_loop(
     let freed = Arc::new(Notify::new());
     let mut claim_now = true;
     let mut failures = 0u32;
+    let starting = Starting {
+        deps: &deps,
+        slots: &slots,
+        freed: &freed,
+        completer: &completer,
+        shutdown: &shutdown,
+    };
     while !shutdown.is_cancelled() {
         crate::faults::panic_point("fetch_loop");
-        while !waiting.is_empty() {
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                break;
-            };
-            let Some((turn, keeper)) = waiting.pop_front() else {
-                break;
-            };
-            let slot = Slot {
-                permit,
-                freed: freed.clone(),
-                completer: completer.clone(),
-            };
-            let (deps, shutdown) = (deps.clone(), shutdown.clone());
-            running.spawn(
-                async move { run_claimed(&deps, turn, keeper, Some(slot), &shutdown).await },
-            );
-        }
+        starting.start_waiting(&mut waiting, &mut running);
         while let Some(done) = running.try_join_next() {
             report(done);
         }
@@ -92,12 +82,7 @@ pub(super) async fn fetch_loop(
                 }
                 Err(e) => {
                     failures = (failures + 1).min(8);
-                    let backoff = Duration::from_millis(50 << failures);
-                    error!(error = %e, backoff_ms = backoff.as_millis() as u64, "claim failed");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => {}
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
+                    back_off(&e, failures, &shutdown).await;
                     continue;
                 }
             }
@@ -110,7 +95,62 @@ pub(super) async fn fetch_loop(
             _ = tokio::time::sleep(poll) => claim_now = true,
         }
     }
-    // Claimed but never started: back to the queue untouched.
+    hand_back(&deps, waiting, running).await;
+}
+
+/// After a failed claim: waits 50 ms doubled per failure in a row, or until shutdown.
+async fn back_off(e: &queue::QueueError, failures: u32, shutdown: &CancellationToken) {
+    let backoff = Duration::from_millis(50 << failures);
+    error!(error = %e, backoff_ms = backoff.as_millis() as u64, "claim failed");
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = tokio::time::sleep(backoff) => {}
+    }
+}
+
+/// What starting a claimed turn in a free slot takes.
+struct Starting<'a> {
+    deps: &'a Deps,
+    slots: &'a Arc<Semaphore>,
+    freed: &'a Arc<Notify>,
+    completer: &'a Completer,
+    shutdown: &'a CancellationToken,
+}
+
+impl Starting<'_> {
+    /// Starts claimed turns, oldest first, while a slot is free.
+    fn start_waiting(
+        &self,
+        waiting: &mut VecDeque<(ClaimedTurn, LeaseKeeper)>,
+        running: &mut JoinSet<queue::Result<Outcome>>,
+    ) {
+        while !waiting.is_empty() {
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                break;
+            };
+            let Some((turn, keeper)) = waiting.pop_front() else {
+                break;
+            };
+            let slot = Slot {
+                permit,
+                freed: self.freed.clone(),
+                completer: self.completer.clone(),
+            };
+            let (deps, shutdown) = (self.deps.clone(), self.shutdown.clone());
+            running.spawn(
+                async move { run_claimed(&deps, turn, keeper, Some(slot), &shutdown).await },
+            );
+        }
+    }
+}
+
+/// On shutdown: turns claimed but never started go back to the queue untouched, and the
+/// running ones finish.
+async fn hand_back(
+    deps: &Deps,
+    waiting: VecDeque<(ClaimedTurn, LeaseKeeper)>,
+    mut running: JoinSet<queue::Result<Outcome>>,
+) {
     for (turn, keeper) in waiting {
         keeper.stop();
         if let Err(e) = queue::release(&deps.pool, &turn).await {

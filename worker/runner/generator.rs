@@ -1,17 +1,43 @@
-//! What produces a reply: the real turn pipeline on llama.cpp, or the echo generator that
-//! queue-mechanics tests and benchmarks use to exercise the queue without a model.
+//! What a worker's turns run with: its dependencies, and what produces a reply (the real
+//! turn pipeline on llama.cpp, or the echo generator that queue-mechanics tests and
+//! benchmarks use to exercise the queue without a model).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::Deps;
+use crate::config::Settings;
 use crate::pipeline::TurnPipeline;
+use crate::queue::QueueTiming;
 use crate::turn::log::{KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, TurnError, TurnOutput};
+
+/// What a turn needs; cheap to clone.
+#[derive(Clone)]
+pub struct Deps {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+    pub generator: Generator,
+    pub worker_id: String,
+    /// Where this worker counts (the process-wide registry outside tests).
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// What the lanes build their services with (the composition root's).
+    pub services: Arc<dyn crate::services::Services>,
+}
+
+impl Deps {
+    pub(super) fn timing(&self) -> QueueTiming {
+        QueueTiming {
+            lease_ms: self.settings.lease_ms,
+            backoff_base_ms: self.settings.backoff_base_ms,
+            backoff_max_ms: self.settings.backoff_max_ms,
+        }
+    }
+}
 
 /// The reply generator a worker runs.
 #[derive(Clone)]

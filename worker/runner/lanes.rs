@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::{Deps, Generator};
+use super::generator::{Deps, Generator};
 use crate::engine::{Busy, Engine};
 use crate::lane;
 use crate::memory::MemoryService;
@@ -47,9 +47,7 @@ async fn memory_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<MemorySer
         return None;
     }
     let busy = Some(turns_busy(deps, slots));
-    match crate::memory::worker_service(deps.pool.clone(), &deps.settings, chat_engine(deps), busy)
-        .await
-    {
+    match deps.services.memory_lane(chat_engine(deps), busy).await {
         Ok(svc) => Some(svc),
         Err(e) => {
             warn!(error = %e, "memory lane off: bad memory settings");
@@ -65,9 +63,7 @@ async fn summary_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<SummaryS
         return None;
     }
     let busy = turns_busy(deps, slots);
-    let svc =
-        crate::summary::worker_service(deps.pool.clone(), &deps.settings, chat_engine(deps), busy);
-    Some(svc.await)
+    Some(deps.services.summary_lane(chat_engine(deps), busy).await)
 }
 
 /// The chat model's weights, which the lanes share when no model of their own is set.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::Deps;
+use super::generator::Deps;
 use crate::queue;
 use crate::turn::ClaimedTurn;
 

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::Deps;
+use super::generator::Deps;
 use crate::queue;
 
 /// Turns NOTIFY on enqueue into wake-ups; the poll in [`claim_loop`] covers any gap.

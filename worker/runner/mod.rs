@@ -13,36 +13,12 @@ mod process;
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::config::Settings;
-use crate::queue::QueueTiming;
-pub use generator::Generator;
+pub use generator::{Deps, Generator};
 pub use process::{process_next_turn, Outcome};
-
-/// What a turn needs; cheap to clone.
-#[derive(Clone)]
-pub struct Deps {
-    pub pool: PgPool,
-    pub settings: Arc<Settings>,
-    pub generator: Generator,
-    pub worker_id: String,
-    /// Where this worker counts (the process-wide registry outside tests).
-    pub metrics: Arc<crate::metrics::Metrics>,
-}
-
-impl Deps {
-    fn timing(&self) -> QueueTiming {
-        QueueTiming {
-            lease_ms: self.settings.lease_ms,
-            backoff_base_ms: self.settings.backoff_base_ms,
-            backoff_max_ms: self.settings.backoff_max_ms,
-        }
-    }
-}
 
 /// A fresh worker id: host, pid and a random suffix, so restarts never reuse one.
 pub fn new_worker_id() -> String {

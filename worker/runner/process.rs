@@ -7,8 +7,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn, Instrument};
 
 use super::commit::Completer;
+use super::generator::Deps;
 use super::lease::LeaseKeeper;
-use super::Deps;
 use crate::queue::{self, Completion, QueueError};
 use crate::turn::log::KvLog;
 use crate::turn::{ClaimedTurn, TurnError, TurnId, TurnOutput, TurnState};

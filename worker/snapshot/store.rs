@@ -69,6 +69,14 @@ struct Remote {
     counters: CacheCounters,
 }
 
+/// The object store the settings name could not be set up (a bad endpoint or region).
+#[derive(Debug, thiserror::Error)]
+#[error("object store s3://{bucket}: {error}")]
+pub struct RemoteError {
+    bucket: String,
+    error: object_store::Error,
+}
+
 /// Where a snapshot was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -123,7 +131,7 @@ impl SnapshotStore {
         limits: Limits,
         config: &RemoteConfig,
         counters: CacheCounters,
-    ) -> Result<SnapshotStore, String> {
+    ) -> Result<SnapshotStore, RemoteError> {
         let mut builder = AmazonS3Builder::new()
             .with_bucket_name(&config.bucket)
             .with_region(&config.region)
@@ -151,9 +159,10 @@ impl SnapshotStore {
                 .with_access_key_id(id)
                 .with_secret_access_key(secret);
         }
-        let store = builder
-            .build()
-            .map_err(|e| format!("object store s3://{}: {e}", config.bucket))?;
+        let store = builder.build().map_err(|e| RemoteError {
+            bucket: config.bucket.clone(),
+            error: e,
+        })?;
         Ok(Self::over(
             dir,
             limits,

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
-use super::Note;
+use super::delta::Note;
 
 /// What a follower hears about its turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,7 +74,7 @@ impl Hub {
     /// Follows a turn's channel. Returns once the LISTEN is in place, so that everything
     /// published after this returns is heard: read what came before with
     /// [`super::so_far`] after this call, not before.
-    pub async fn follow(&self, turn_id: i64) -> Result<Follow, String> {
+    pub async fn follow(&self, turn_id: i64) -> Result<Follow, FollowError> {
         let cmds = self
             .cmds
             .get_or_init(|| {
@@ -92,7 +92,7 @@ impl Hub {
             tx,
             listening,
         })
-        .map_err(|_| "the stream listener has stopped".to_string())?;
+        .map_err(|_| FollowError::Stopped)?;
         let follow = Follow {
             rx,
             turn_id,
@@ -101,9 +101,20 @@ impl Hub {
         };
         ready
             .await
-            .map_err(|_| "the stream listener has stopped".to_string())??;
+            .map_err(|_| FollowError::Stopped)?
+            .map_err(FollowError::Listen)?;
         Ok(follow)
     }
+}
+
+/// Why a turn's stream cannot be followed.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("the stream listener has stopped")]
+    Stopped,
+    /// The listener's connection failed to LISTEN.
+    #[error("{0}")]
+    Listen(String),
 }
 
 type Followers = HashMap<i64, Vec<(u64, mpsc::UnboundedSender<Heard>)>>;

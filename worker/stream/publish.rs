@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, Notify};
 use tracing::warn;
 
-use super::{pieces, Delta, MAX_DELTA_BYTES};
+use super::delta::{pieces, Delta, MAX_DELTA_BYTES};
 
 /// One attempt's stream, as the publisher keys it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

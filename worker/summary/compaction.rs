@@ -9,7 +9,9 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::context_manager::{bullet_summary, ContextCompactor, ContextManager, HistoryEntry};
+use super::context_manager::{
+    bullet_summary, ContextCompactor, ContextData, ContextManager, HistoryEntry,
+};
 use super::llm::{Prompt, Summarizer};
 use super::{clip, Result, SummaryError, SummaryService};
 
@@ -63,7 +65,6 @@ pub fn model_summary(
 
 /// Compacts chat session `session_id` as of `now` (Unix seconds), storing the context under
 /// the same id in the ContextManager store.
-// Long: the read, the summary and the fenced write of one session's compaction, in the order they must run.
 pub async fn compact_session(
     svc: &SummaryService,
     session_id: &str,
@@ -75,35 +76,7 @@ pub async fn compact_session(
         )
     })?;
     let mgr = ContextManager::new(svc.pool.clone());
-    let mut ctx = mgr
-        .load(session_id)
-        .await
-        .map_err(|e| SummaryError::Invalid(e.to_string()))?;
-    let stored =
-        sqlx::query_as::<_, (i64, String)>(include_str!("../../sql/summary/compaction_get.sql"))
-            .bind(session_id)
-            .fetch_optional(&svc.pool)
-            .await?;
-    let boundary = stored.as_ref().map_or(0, |(b, _)| *b);
-    if let Some((_, summary)) = stored {
-        ctx.long_term_summary = summary;
-    }
-    let rows =
-        sqlx::query_as::<_, MessageRow>(include_str!("../../sql/summary/session_history.sql"))
-            .bind(session_id)
-            .bind(boundary)
-            .fetch_all(&svc.pool)
-            .await?;
-    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    ctx.recent_history = rows
-        .into_iter()
-        .map(|r| HistoryEntry {
-            timestamp: r.created_at.timestamp(),
-            role: r.role,
-            content: r.content,
-            token_count: None,
-        })
-        .collect();
+    let (mut ctx, boundary, ids) = read_session(svc, &mgr, session_id).await?;
     let max_tokens = svc.config.compact_max_tokens;
     let (ctx, report) = tokio::task::spawn_blocking(move || {
         ContextCompactor::count_tokens(&mut ctx, llm.engine().as_ref());
@@ -146,4 +119,44 @@ pub async fn compact_session(
             .await?;
     }
     Ok(report)
+}
+
+/// The session's context as compaction starts from it: the stored document, the summary
+/// so far, and the messages after the boundary as its recent history; with the boundary
+/// and those messages' ids.
+async fn read_session(
+    svc: &SummaryService,
+    mgr: &ContextManager,
+    session_id: &str,
+) -> Result<(ContextData, i64, Vec<i64>)> {
+    let mut ctx = mgr
+        .load(session_id)
+        .await
+        .map_err(|e| SummaryError::Invalid(e.to_string()))?;
+    let stored =
+        sqlx::query_as::<_, (i64, String)>(include_str!("../../sql/summary/compaction_get.sql"))
+            .bind(session_id)
+            .fetch_optional(&svc.pool)
+            .await?;
+    let boundary = stored.as_ref().map_or(0, |(b, _)| *b);
+    if let Some((_, summary)) = stored {
+        ctx.long_term_summary = summary;
+    }
+    let rows =
+        sqlx::query_as::<_, MessageRow>(include_str!("../../sql/summary/session_history.sql"))
+            .bind(session_id)
+            .bind(boundary)
+            .fetch_all(&svc.pool)
+            .await?;
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    ctx.recent_history = rows
+        .into_iter()
+        .map(|r| HistoryEntry {
+            timestamp: r.created_at.timestamp(),
+            role: r.role,
+            content: r.content,
+            token_count: None,
+        })
+        .collect();
+    Ok((ctx, boundary, ids))
 }

@@ -250,7 +250,10 @@ async fn batch_summarise(
         grammar: Some(batch_grammar(&users)),
         max_tokens: svc.config.daily_max_tokens_per_user * users.len() as u32,
     };
-    let g = model.generate(prompt).await.map_err(SummaryError::Model)?;
+    let g = model
+        .generate(prompt)
+        .await
+        .map_err(|e| SummaryError::Model(e.0))?;
     let map: BTreeMap<String, String> = serde_json::from_str(&g.text).map_err(|e| {
         let cut = if g.truncated {
             " (cut off by the token budget)"
@@ -324,7 +327,7 @@ pub async fn historical(
             .model()?
             .generate(prompt)
             .await
-            .map_err(SummaryError::Model)?;
+            .map_err(|e| SummaryError::Model(e.0))?;
         (clip(&g.text, HISTORICAL_CHARS), g.elapsed_ms)
     };
     sqlx::query(include_str!("../../sql/summary/historical_put.sql"))
@@ -492,7 +495,7 @@ async fn model_merge(
         .model()?
         .generate(prompt)
         .await
-        .map_err(SummaryError::Model)?;
+        .map_err(|e| SummaryError::Model(e.0))?;
     Ok(facts_win(facts, &g.text))
 }
 

@@ -307,7 +307,7 @@ pub async fn make_rolling(
     let g = model
         .generate(prompt)
         .await
-        .map_err(|e| ("model_error", e))?;
+        .map_err(|e| ("model_error", e.0))?;
     let content = clip(&g.text, ROLLING_MAX_CHARS);
     if content.is_empty() {
         return Err(("empty", "the model answered nothing".into()));
@@ -435,7 +435,7 @@ pub async fn summarise_session(svc: &SummaryService, lines: Vec<String>) -> Sess
             max_tokens: svc.config.session_max_tokens,
         };
         let g = match svc.model() {
-            Ok(m) => m.generate(prompt).await,
+            Ok(m) => m.generate(prompt).await.map_err(|e| e.0),
             Err(e) => Err(e.to_string()),
         };
         match g {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 
 use crate::engine::generate::{self, give_way, Busy, BACKGROUND_PREFILL_CHUNK};
-use crate::engine::threads::{EngineThreads, RunError, StartError};
+use crate::engine::threads::{EngineThreads, ModelStartError, RunError};
 use crate::engine::Engine;
 
 /// One summary request: a system message, then the user message built from `header`, the
@@ -37,7 +37,13 @@ pub struct Generated {
     pub elapsed_ms: u64,
 }
 
-type Reply = std::result::Result<Generated, String>;
+type Reply = std::result::Result<Generated, ModelError>;
+
+/// Why the summary model gave no text: its thread is gone, the prompt does not fit its
+/// context, or generation failed. The text is what the job's error records.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelError(pub String);
 
 /// The model thread and a handle on its engine (for token counts, which need no context).
 pub struct Summarizer {
@@ -51,14 +57,10 @@ impl Summarizer {
     pub fn start(
         engine: Arc<Engine>,
         busy: Option<Busy>,
-    ) -> std::result::Result<Summarizer, String> {
+    ) -> std::result::Result<Summarizer, ModelStartError> {
         let names = std::iter::once("kvmem-summary".to_string());
-        let thread =
-            EngineThreads::start(engine, names, Engine::new_context).map_err(|e| match e {
-                StartError::Spawn(e) => e.to_string(),
-                StartError::Make(e) => e.to_string(),
-                StartError::Died => "summary thread died".to_string(),
-            })?;
+        let thread = EngineThreads::start(engine, names, Engine::new_context)
+            .map_err(|e| e.for_model("summary"))?;
         Ok(Summarizer { thread, busy })
     }
 
@@ -89,12 +91,14 @@ impl Summarizer {
     }
 }
 
-fn stopped(e: RunError) -> String {
-    match e {
-        RunError::Gone => "summary thread is gone",
-        RunError::Stopped => "summary thread stopped",
-    }
-    .to_string()
+fn stopped(e: RunError) -> ModelError {
+    ModelError(
+        match e {
+            RunError::Gone => "summary thread is gone",
+            RunError::Stopped => "summary thread stopped",
+        }
+        .to_string(),
+    )
 }
 
 fn run(engine: &Engine, ctx: &mut LlamaContext<'static>, p: Prompt, busy: Option<&Busy>) -> Reply {
@@ -110,10 +114,10 @@ fn run(engine: &Engine, ctx: &mut LlamaContext<'static>, p: Prompt, busy: Option
     let budget = n_ctx
         .checked_sub(fixed + p.max_tokens as usize + 8)
         .ok_or_else(|| {
-            format!(
+            ModelError(format!(
                 "prompt of {fixed} tokens plus {} to generate does not fit the context of {n_ctx}",
                 p.max_tokens
-            )
+            ))
         })?;
     let (lines, dropped) = fit_lines(engine, &p.lines, budget);
     let user = format!("{}\n{}\n{}", p.header, lines.join("\n"), p.footer);
@@ -126,7 +130,7 @@ fn run(engine: &Engine, ctx: &mut LlamaContext<'static>, p: Prompt, busy: Option
     };
     let (text, truncated) =
         generate::generate_yielding(engine, ctx, &ask, BACKGROUND_PREFILL_CHUNK, &mut wait)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ModelError(e.to_string()))?;
     Ok(Generated {
         text: text.trim().to_string(),
         truncated,

@@ -8,10 +8,10 @@
 //! JSON, its grammar and validation), [`jobs`] (the lane: close, rolling, session, spine),
 //! [`spine`], [`daily`] (daily, historical, merge, degradation), [`cache`] (moka caches and
 //! their hit counters), [`context_manager`] (seed 003's API and compactor),
-//! [`session_context`] (what a new session starts from), [`cli`].
+//! [`session_context`] (what a new session starts from); the `kvmem summary` command is
+//! [`crate::cmd::summary`].
 
 pub mod cache;
-pub mod cli;
 pub mod compaction;
 pub mod context_manager;
 pub mod daily;
@@ -28,7 +28,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::engine::{Busy, Engine, EngineParams};
+use crate::engine::{Busy, Engine};
 
 /// Errors of the summary layer. Model failures are a variant of their own: callers degrade
 /// on them (seed 004) instead of failing.
@@ -112,7 +112,8 @@ impl SummaryService {
         engine: Arc<Engine>,
         busy: Option<Busy>,
     ) -> Result<SummaryService> {
-        let llm = llm::Summarizer::start(engine, busy).map_err(SummaryError::Model)?;
+        let llm =
+            llm::Summarizer::start(engine, busy).map_err(|e| SummaryError::Model(e.to_string()))?;
         Ok(SummaryService::new(pool, config, Some(Arc::new(llm))))
     }
 
@@ -132,66 +133,12 @@ impl SummaryService {
         }
     }
 
-    /// Loads the configured model on a blocking thread. A model that fails to load is an
-    /// event and a service without a model, never fatal to the worker.
-    pub async fn load(pool: PgPool, settings: &Settings, busy: Option<Busy>) -> SummaryService {
-        let config = SummaryConfig::from_settings(settings);
-        let Some(path) = config.model_path.clone() else {
-            return unavailable(pool, config, "no model configured".into()).await;
-        };
-        let params = EngineParams::from_settings(settings);
-        let loaded = tokio::task::spawn_blocking(move || {
-            let engine = Engine::load(&path, None, params).map_err(|e| e.to_string())?;
-            llm::Summarizer::start(Arc::new(engine), busy)
-        })
-        .await
-        .map_err(|e| e.to_string())
-        .and_then(|r| r);
-        match loaded {
-            Ok(llm) => SummaryService::new(pool, config, Some(Arc::new(llm))),
-            Err(e) => unavailable(pool, config, e).await,
-        }
-    }
-
     /// The model, or the reason there is none.
     pub fn model(&self) -> Result<&llm::Summarizer> {
         self.llm
             .as_deref()
             .ok_or_else(|| SummaryError::Model("no summary model loaded".into()))
     }
-}
-
-/// The service a llama worker runs its summary lane with: the configured summary model, or
-/// else `chat_engine`, the chat model's weights shared with the turn pipeline (a context of
-/// its own). Its model thread pauses while `busy` is true. The runner passes both in, so
-/// this layer never knows the runner.
-pub async fn worker_service(
-    pool: PgPool,
-    settings: &Settings,
-    chat_engine: Option<Arc<Engine>>,
-    busy: Busy,
-) -> SummaryService {
-    let shared = chat_engine.filter(|_| settings.summary_model_path.is_none());
-    let Some(engine) = shared else {
-        return SummaryService::load(pool, settings, Some(busy)).await;
-    };
-    let config = SummaryConfig::from_settings(settings);
-    match SummaryService::yielding(pool.clone(), config.clone(), engine, Some(busy)) {
-        Ok(svc) => svc,
-        Err(e) => unavailable(pool, config, e.to_string()).await,
-    }
-}
-
-/// A service without a model, after recording why: summaries degrade, the worker goes on.
-async fn unavailable(pool: PgPool, config: SummaryConfig, reason: String) -> SummaryService {
-    tracing::warn!(%reason, "no summary model; summaries degrade");
-    event(
-        &pool,
-        "summary_model_unavailable",
-        serde_json::json!({"reason": reason}),
-    )
-    .await;
-    SummaryService::new(pool, config, None)
 }
 
 /// Records summary progress or failure in `events`, where `kvmem status` shows it. Best

@@ -100,7 +100,10 @@ pub async fn make(svc: &SummaryService, inputs: &Inputs) -> Result<Made> {
         grammar: Some(SPINE_GRAMMAR.into()),
         max_tokens: svc.config.spine_max_tokens,
     };
-    let g = model.generate(prompt).await.map_err(SummaryError::Model)?;
+    let g = model
+        .generate(prompt)
+        .await
+        .map_err(|e| SummaryError::Model(e.0))?;
     let sections: Sections = serde_json::from_str(&g.text).map_err(|e| {
         SummaryError::Model(format!(
             "spine answer is not the four-section JSON{}: {e}",

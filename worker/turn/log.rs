@@ -5,7 +5,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 
-use super::ClaimedTurn;
+use super::claimed::ClaimedTurn;
 
 /// Which pipeline produced the turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

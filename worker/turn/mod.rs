@@ -2,56 +2,16 @@
 //! holds, the error an attempt ends in, and the log line it writes. Nothing here talks
 //! to Postgres or llama.cpp, so the queue, the pipeline and the runner all build on it.
 
+mod claimed;
 pub mod log;
-
-use std::fmt;
-
-use serde::Serialize;
 
 use crate::engine::EngineError;
 use crate::snapshot::Segment;
+pub use claimed::{ClaimedTurn, TurnId, TurnState};
 use log::KvLog;
 
 /// The source of a turn failure, kept so the cause chain survives classification.
 pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// A turn's primary key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, sqlx::Type)]
-#[sqlx(transparent)]
-pub struct TurnId(pub i64);
-
-impl fmt::Display for TurnId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// States of the `turn_state` enum.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
-#[sqlx(type_name = "turn_state", rename_all = "lowercase")]
-#[serde(rename_all = "lowercase")]
-pub enum TurnState {
-    Queued,
-    Running,
-    Done,
-    Failed,
-    Dead,
-}
-
-/// A turn this worker holds the lease for.
-#[derive(Debug, Clone)]
-pub struct ClaimedTurn {
-    pub id: TurnId,
-    pub session_id: String,
-    pub user_id: String,
-    pub character_id: i64,
-    pub message: String,
-    pub lane: String,
-    pub attempt: i32,
-    pub max_attempts: i32,
-    pub fencing_token: i64,
-    pub owner: String,
-}
 
 /// What a turn attempt produced, for the fenced completion to commit.
 #[derive(Debug, Clone)]

@@ -82,7 +82,7 @@ async fn a_failing_extractor_never_blocks_a_turn_or_loses_a_message(pool: PgPool
             let extractor =
                 kvmem::memory::ingest::llm::LlmExtractor::load(&tiny_model(), params, None)
                     .unwrap();
-            let lane = MemoryService::from_settings(pool.clone(), &s, true)
+            let lane = kvmem::system::memory_service(pool.clone(), &s, true)
                 .await
                 .unwrap()
                 .with_extractor(std::sync::Arc::new(extractor));

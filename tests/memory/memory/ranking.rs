@@ -91,7 +91,10 @@ fn rankers_match_hand_computed_scores() {
     };
     let h = rank::hybrid(&full, Some(&spreads));
     assert!((h.score - 1.1166666667).abs() < 1e-9, "{}", h.score);
-    assert_eq!((h.components["semantic"], h.components["span"]), (0.8, 0.6));
+    assert_eq!(
+        (h.components.semantic.unwrap(), h.components.span.unwrap()),
+        (0.8, 0.6)
+    );
     // In the named speaker's voice at 0.7: + 0.38 * (0.7 - 0.5) / 0.2 + 0.85.
     let voiced = Signals {
         voice: Some(0.7),

@@ -141,6 +141,54 @@ async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
     ));
 }
 
+/// One process, wired by the composition root: two searches (the CLI's and the HTTP API's
+/// way in) and a turn (whose pipeline builds its own memory service for recall) load the
+/// embedder once and open one pool.
+#[sqlx::test(migrations = false)]
+async fn two_searches_and_a_turn_load_the_embedder_once_and_open_one_pool(pool: PgPool) {
+    let url = common::db_url(&pool).await;
+    // A path of this test's own, so no other test of the binary loads it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("minilm.gguf");
+    std::os::unix::fs::symlink(minilm(), &path).unwrap();
+    let settings = common::settings(serde_json::json!({
+        "database_url": url,
+        "memory_embed_model_path": path,
+    }));
+    let db = kvmem::system::database(&settings, 4).await.unwrap();
+    let ch = common::character(&db, "alice", "Aria").await;
+    for _ in 0..2 {
+        let svc = kvmem::system::memory_service(db.clone(), &settings, true)
+            .await
+            .unwrap();
+        let res = search::search(&svc, &req("alice", "new family dog", RankerKind::Hybrid))
+            .await
+            .unwrap();
+        assert!(res.semantic, "the search ran without its embedder");
+    }
+    let engine = common::load_engine(&common::tiny_model(), &settings);
+    let deps = kvmem::system::deps(
+        db.clone(),
+        Arc::new(settings),
+        kvmem::system::Model::Llama(engine),
+        "w1".into(),
+        Arc::new(kvmem::metrics::Metrics::new()),
+    )
+    .unwrap();
+    let (id, log) = common::one_turn(&deps, "s1", "alice", ch, "what about my dog?").await;
+    assert!(log.error.is_none(), "{log:?}");
+    // The turn's recall ran (its search embeds the question), so the pipeline built its
+    // memory service.
+    let recall_ms: i32 = sqlx::query_scalar("SELECT recall_ms FROM turn_log WHERE turn_id = $1")
+        .bind(id.0)
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert!(recall_ms > 0, "recall did not run");
+    assert_eq!(kvmem::memory::embed::loads(&path), 1);
+    assert_eq!(kvmem::system::pools_opened(&url), 1);
+}
+
 /// Writes `lines` (speaker, text) as one session of `user` to a file and imports it.
 async fn import_session(
     svc: &MemoryService,
@@ -238,7 +286,7 @@ async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPoo
         .iter()
         .find(|h| h.id == "dana-3")
         .expect("the answer turn");
-    assert!(answer.components["span"] > 0.0, "{answer:?}");
+    assert!(answer.components.span.unwrap_or(0.0) > 0.0, "{answer:?}");
     let plumber = res.hits.iter().find(|h| h.id == "dana-1");
     assert!(
         plumber.is_none_or(|p| p.score < answer.score),
@@ -331,7 +379,7 @@ async fn the_named_speakers_turns_alone_are_scored_in_their_voice(pool: PgPool) 
     .unwrap();
     assert_eq!(res.hits[0].id, "dana-0", "{:?}", res.hits);
     for h in &res.hits {
-        let voiced = h.components.contains_key("voice");
+        let voiced = h.components.voice.is_some();
         assert_eq!(voiced, h.speaker.as_deref() == Some("Dana"), "{h:?}");
     }
     // Naming both speakers prefers neither.
@@ -346,9 +394,7 @@ async fn the_named_speakers_turns_alone_are_scored_in_their_voice(pool: PgPool) 
     .await
     .unwrap();
     assert!(
-        both.hits
-            .iter()
-            .all(|h| !h.components.contains_key("voice")),
+        both.hits.iter().all(|h| h.components.voice.is_none()),
         "{:?}",
         both.hits
     );

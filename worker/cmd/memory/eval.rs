@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::Result;
+use super::error::Result;
 use crate::memory::search::{self, SearchRequest};
 use crate::memory::store::Scope;
 use crate::memory::{MemoryError, MemoryService, RankerKind};
@@ -105,7 +105,6 @@ pub(super) async fn dump(
     Ok(())
 }
 
-// Long: score the question file with each ranker, then print: a command's whole run, used only by `memory eval`.
 pub(super) async fn eval(
     svc: &MemoryService,
     path: &std::path::Path,

@@ -1,6 +1,7 @@
 //! `kvmem memory …`: import, search and inspect long-term memory from a shell, straight
 //! against Postgres (schema created if missing), with no worker running.
 
+mod error;
 mod eval;
 
 use std::path::{Path, PathBuf};
@@ -10,8 +11,8 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::config::{ConfigError, Settings};
-use crate::db::{self, DbError};
+use crate::config::Settings;
+use crate::db;
 use crate::memory::ingest::import::{self, ExtractMode};
 use crate::memory::ingest::jobs;
 use crate::memory::notes::todos;
@@ -19,22 +20,7 @@ use crate::memory::search::cards;
 use crate::memory::search::{self, SearchRequest};
 use crate::memory::store::{self, Scope};
 use crate::memory::{render, MemoryError, MemoryService, RankerKind};
-
-#[derive(Debug, thiserror::Error)]
-pub enum MemoryCliError {
-    #[error(transparent)]
-    Memory(#[from] MemoryError),
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    System(#[from] crate::system::SystemError),
-    #[error("{0}")]
-    Output(String),
-}
-
-pub type Result<T, E = MemoryCliError> = std::result::Result<T, E>;
+pub use error::{MemoryCliError, Result};
 
 #[derive(Debug, Args)]
 pub struct MemoryArgs {
@@ -223,7 +209,6 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
 }
 
 /// Runs one `kvmem memory` command against `DATABASE_URL`, migrating first.
-// Long: one arm per `kvmem memory` subcommand.
 pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
     let pool = crate::system::connect(&settings, 4).await?;
     db::migrate(&pool).await?;
@@ -237,7 +222,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             | MemoryCommand::Todos { .. }
             | MemoryCommand::Work
     );
-    let svc = MemoryService::from_settings(pool.clone(), &settings, needs_embedder).await?;
+    let svc = crate::system::memory_service(pool.clone(), &settings, needs_embedder).await?;
     match args.command {
         MemoryCommand::Import {
             file,
@@ -385,7 +370,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
 /// when `memory_extract` is on). Jobs that ask for extraction and find no model here stay
 /// queued, and the count says so.
 async fn work(pool: PgPool, settings: &Settings) -> Result<()> {
-    let svc = crate::memory::worker_service(pool, settings, None, None).await?;
+    let svc = crate::system::memory_lane_service(pool, settings, None, None).await?;
     let done = jobs::drain(&svc).await?;
     println!("ran {} memory job(s)", done.len());
     let waiting: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/extract_waiting.sql"))

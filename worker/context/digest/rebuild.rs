@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use crate::context::tokens::TokenCount;
 use crate::metrics::Metrics;
 
-use super::{build, Built, Fact};
+use super::text::{build, Built, Fact};
 
 /// The stored digest of a session.
 #[derive(Debug, Clone, PartialEq, Eq)]

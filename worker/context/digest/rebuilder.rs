@@ -17,7 +17,9 @@ use crate::context::tokens::TokenCount;
 use crate::metrics::Metrics;
 
 use super::rebuild::{rebuild_due, rebuild_notified, sweep, sweep_now, MAX_BATCH};
-use super::FACTS_CHANNEL;
+
+/// Channel the `facts` trigger notifies, payload = session id.
+pub const FACTS_CHANNEL: &str = "kvmem_facts";
 
 /// Notifications within [`HOT_SPAN`] that switch a rebuilder to polling: about 160 fact
 /// writes/s. The doorbell's commit lock lets notifying writes through at about 300/s on a

@@ -99,7 +99,7 @@ fn parse_at(raw: &str) -> std::result::Result<DateTime<Utc>, String> {
 }
 
 /// Parses and validates one line; the error says which field is wrong.
-pub fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, String> {
+fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, String> {
     let r: RawLine = serde_json::from_str(raw).map_err(|e| format!("not a valid record: {e}"))?;
     let opt = |field: &str, v: &Option<serde_json::Value>| match v {
         None | Some(serde_json::Value::Null) => Ok(None),
@@ -155,7 +155,6 @@ pub struct ImportReport {
 /// Imports a JSONL file. Every valid line is imported (or skipped as a duplicate); every
 /// bad line is rejected with its number and reason. With `strict`, any bad line aborts
 /// the import before anything is written.
-// Long: read, check, chunk and report one file; the line numbers and counts run through every step.
 pub async fn import_file(
     svc: &MemoryService,
     path: &Path,
@@ -164,40 +163,11 @@ pub async fn import_file(
     progress: bool,
 ) -> Result<ImportReport> {
     let started = Instant::now();
-    let file = std::fs::File::open(path)
-        .map_err(|e| MemoryError::Invalid(format!("cannot open {}: {e}", path.display())))?;
     let mut report = ImportReport {
         semantic: svc.embedder.is_some(),
         ..ImportReport::default()
     };
-    let mut lines: Vec<ImportLine> = Vec::new();
-    let mut seen: HashSet<(String, String)> = HashSet::new();
-    let mut last_in_session: HashMap<(String, String), String> = HashMap::new();
-    for (i, raw) in std::io::BufReader::new(file).lines().enumerate() {
-        let n = i + 1;
-        let raw = raw.map_err(|e| MemoryError::Invalid(format!("line {n}: cannot read: {e}")))?;
-        if raw.trim().is_empty() {
-            continue;
-        }
-        report.lines += 1;
-        match parse_line(n, &raw) {
-            Ok(mut l) => {
-                if !seen.insert((l.user_id.clone(), l.message_id.clone())) {
-                    report.skipped_duplicate += 1;
-                    continue;
-                }
-                let sk = (l.user_id.clone(), l.session_id.clone());
-                l.context = last_in_session.insert(sk, format!("{}: {}", l.speaker, l.text));
-                lines.push(l);
-            }
-            Err(reason) => {
-                report.rejected += 1;
-                if report.rejections.len() < 100 {
-                    report.rejections.push(format!("line {n}: {reason}"));
-                }
-            }
-        }
-    }
+    let lines = read_lines(path, &mut report)?;
     if strict && report.rejected > 0 {
         return Err(MemoryError::Invalid(format!(
             "{} bad line(s), nothing imported (--strict):\n{}",
@@ -205,19 +175,7 @@ pub async fn import_file(
             report.rejections.join("\n")
         )));
     }
-    let bar = if progress {
-        let b = indicatif::ProgressBar::new(lines.len() as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} importing [{bar:40}] {pos}/{len} {per_sec} eta {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
+    let bar = progress_bar(lines.len(), progress);
     let mut new_ids: Vec<i64> = Vec::new();
     for chunk in lines.chunks(CHUNK) {
         let (ins, dup, emb, back) = import_chunk(svc, chunk, &mut new_ids).await?;
@@ -250,6 +208,57 @@ pub async fn import_file(
     Ok(report)
 }
 
+/// The file's valid lines, each new (user, message id) once and with the message before it
+/// in its session as context; duplicates and bad lines are counted in `report`.
+fn read_lines(path: &Path, report: &mut ImportReport) -> Result<Vec<ImportLine>> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| MemoryError::Invalid(format!("cannot open {}: {e}", path.display())))?;
+    let mut lines: Vec<ImportLine> = Vec::new();
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let mut last_in_session: HashMap<(String, String), String> = HashMap::new();
+    for (i, raw) in std::io::BufReader::new(file).lines().enumerate() {
+        let n = i + 1;
+        let raw = raw.map_err(|e| MemoryError::Invalid(format!("line {n}: cannot read: {e}")))?;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        report.lines += 1;
+        match parse_line(n, &raw) {
+            Ok(mut l) => {
+                if !seen.insert((l.user_id.clone(), l.message_id.clone())) {
+                    report.skipped_duplicate += 1;
+                    continue;
+                }
+                let sk = (l.user_id.clone(), l.session_id.clone());
+                l.context = last_in_session.insert(sk, format!("{}: {}", l.speaker, l.text));
+                lines.push(l);
+            }
+            Err(reason) => {
+                report.rejected += 1;
+                if report.rejections.len() < 100 {
+                    report.rejections.push(format!("line {n}: {reason}"));
+                }
+            }
+        }
+    }
+    Ok(lines)
+}
+
+fn progress_bar(len: usize, shown: bool) -> indicatif::ProgressBar {
+    if !shown {
+        return indicatif::ProgressBar::hidden();
+    }
+    let b = indicatif::ProgressBar::new(len as u64);
+    b.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} importing [{bar:40}] {pos}/{len} {per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    b
+}
+
 /// A chunk's message already stored, and what backfilling its vector needs.
 #[derive(sqlx::FromRow)]
 struct Existing {
@@ -263,7 +272,6 @@ struct Existing {
 }
 
 /// One chunk: skip stored ids, embed the rest in batches, insert in one transaction.
-// Long: skipping, embedding and inserting share the chunk's rows and its one transaction.
 async fn import_chunk(
     svc: &MemoryService,
     chunk: &[ImportLine],
@@ -291,61 +299,10 @@ async fn import_chunk(
         .filter(|r| r.unembedded)
         .map(|r| (r.id, message_key(&r.speaker, &r.text, r.context.as_deref())))
         .collect();
-    let mut texts: Vec<String> = fresh
-        .iter()
-        .map(|l| message_key(&l.speaker, &l.text, l.context.as_deref()))
-        .collect();
-    texts.extend(missing.iter().map(|m| m.1.clone()));
-    let vecs = if texts.is_empty() {
-        None
-    } else {
-        svc.embed(texts, Role::Passage).await
-    };
-    let (fresh_vecs, back_vecs): (Vec<Option<Vector>>, Vec<Vector>) = match &vecs {
-        Some(v) => (
-            v[..fresh.len()]
-                .iter()
-                .map(|x| Some(Vector::from(x.clone())))
-                .collect(),
-            v[fresh.len()..]
-                .iter()
-                .map(|x| Vector::from(x.clone()))
-                .collect(),
-        ),
-        None => (vec![None; fresh.len()], Vec::new()),
-    };
+    let (embedded_any, fresh_vecs, back_vecs) = embed_chunk(svc, &fresh, &missing).await;
     // Transaction scope: one chunk of new messages and the chunk's vector backfill.
     let mut tx = svc.pool.begin().await?;
-    let ids: Vec<i64> = sqlx::query_scalar(include_str!("../../../sql/memory/import_insert.sql"))
-        .bind(fresh.iter().map(|l| l.user_id.clone()).collect::<Vec<_>>())
-        .bind(fresh.iter().map(|l| l.character_id).collect::<Vec<_>>())
-        .bind(fresh.iter().map(|l| l.guild_id.clone()).collect::<Vec<_>>())
-        .bind(
-            fresh
-                .iter()
-                .map(|l| l.channel_id.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            fresh
-                .iter()
-                .map(|l| l.session_id.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            fresh
-                .iter()
-                .map(|l| l.message_id.clone())
-                .collect::<Vec<_>>(),
-        )
-        .bind(fresh.iter().map(|l| l.speaker.clone()).collect::<Vec<_>>())
-        .bind(fresh.iter().map(|l| l.text.clone()).collect::<Vec<_>>())
-        .bind(fresh.iter().map(|l| l.at).collect::<Vec<_>>())
-        .bind(fresh.iter().map(|l| l.context.clone()).collect::<Vec<_>>())
-        .bind(&fresh_vecs)
-        .bind(vecs.as_ref().and(svc.model_id()))
-        .fetch_all(&mut *tx)
-        .await?;
+    let ids = insert_fresh(svc, &mut tx, &fresh, &fresh_vecs, embedded_any).await?;
     if !back_vecs.is_empty() {
         sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
             .bind(missing.iter().map(|m| m.0).collect::<Vec<_>>())
@@ -357,8 +314,84 @@ async fn import_chunk(
     tx.commit().await?;
     let inserted = ids.len();
     new_ids.extend(&ids);
-    let embedded = if vecs.is_some() { inserted } else { 0 };
+    let embedded = if embedded_any { inserted } else { 0 };
     Ok((inserted, chunk.len() - inserted, embedded, back_vecs.len()))
+}
+
+/// The vectors of a chunk's new lines and of its stored messages without one, in one
+/// batch; whether the embedder gave any.
+async fn embed_chunk(
+    svc: &MemoryService,
+    fresh: &[&ImportLine],
+    missing: &[(i64, String)],
+) -> (bool, Vec<Option<Vector>>, Vec<Vector>) {
+    let mut texts: Vec<String> = fresh
+        .iter()
+        .map(|l| message_key(&l.speaker, &l.text, l.context.as_deref()))
+        .collect();
+    texts.extend(missing.iter().map(|m| m.1.clone()));
+    let vecs = if texts.is_empty() {
+        None
+    } else {
+        svc.embed(texts, Role::Passage).await
+    };
+    match &vecs {
+        Some(v) => (
+            true,
+            v[..fresh.len()]
+                .iter()
+                .map(|x| Some(Vector::from(x.clone())))
+                .collect(),
+            v[fresh.len()..]
+                .iter()
+                .map(|x| Vector::from(x.clone()))
+                .collect(),
+        ),
+        None => (false, vec![None; fresh.len()], Vec::new()),
+    }
+}
+
+/// Inserts a chunk's new lines with their vectors (if `embedded`, of the service's model).
+async fn insert_fresh(
+    svc: &MemoryService,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    fresh: &[&ImportLine],
+    fresh_vecs: &[Option<Vector>],
+    embedded: bool,
+) -> Result<Vec<i64>> {
+    let model = if embedded { svc.model_id() } else { None };
+    Ok(
+        sqlx::query_scalar(include_str!("../../../sql/memory/import_insert.sql"))
+            .bind(fresh.iter().map(|l| l.user_id.clone()).collect::<Vec<_>>())
+            .bind(fresh.iter().map(|l| l.character_id).collect::<Vec<_>>())
+            .bind(fresh.iter().map(|l| l.guild_id.clone()).collect::<Vec<_>>())
+            .bind(
+                fresh
+                    .iter()
+                    .map(|l| l.channel_id.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                fresh
+                    .iter()
+                    .map(|l| l.session_id.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                fresh
+                    .iter()
+                    .map(|l| l.message_id.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(fresh.iter().map(|l| l.speaker.clone()).collect::<Vec<_>>())
+            .bind(fresh.iter().map(|l| l.text.clone()).collect::<Vec<_>>())
+            .bind(fresh.iter().map(|l| l.at).collect::<Vec<_>>())
+            .bind(fresh.iter().map(|l| l.context.clone()).collect::<Vec<_>>())
+            .bind(fresh_vecs)
+            .bind(model)
+            .fetch_all(&mut **tx)
+            .await?,
+    )
 }
 
 /// A message without a vector of the current model.

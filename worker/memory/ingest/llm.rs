@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::engine::generate::WarmContext;
-use crate::engine::threads::{EngineThreads, RunError, StartError};
+use crate::engine::threads::{EngineThreads, ModelStartError, RunError};
 use crate::engine::{Busy, Engine, EngineParams};
 use crate::memory::ingest::extract::{self, FactCandidate};
 use crate::memory::{ExtractError, ExtractedFact, Extractor};
@@ -24,23 +24,19 @@ impl LlmExtractor {
         path: &Path,
         params: EngineParams,
         busy: Option<Busy>,
-    ) -> Result<LlmExtractor, String> {
-        let engine = Engine::load(path, None, params).map_err(|e| e.to_string())?;
+    ) -> Result<LlmExtractor, ModelStartError> {
+        let engine = Engine::load(path, None, params)?;
         LlmExtractor::start(Arc::new(engine), busy)
     }
 
     /// Starts the thread on an engine already loaded (the chat model's weights, with a
     /// context of the thread's own). It pauses between decode steps while `busy` is true.
-    pub fn start(engine: Arc<Engine>, busy: Option<Busy>) -> Result<LlmExtractor, String> {
+    pub fn start(engine: Arc<Engine>, busy: Option<Busy>) -> Result<LlmExtractor, ModelStartError> {
         let extractor = Arc::new(extract::Extractor::new(engine.clone()).yielding(busy));
         let maker = extractor.clone();
         let names = std::iter::once("kvmem-extract".to_string());
         let thread = EngineThreads::start(engine, names, move |_: &Engine| maker.new_context())
-            .map_err(|e| match e {
-                StartError::Spawn(e) => e.to_string(),
-                StartError::Make(e) => e.to_string(),
-                StartError::Died => "extraction thread died".to_string(),
-            })?;
+            .map_err(|e| e.for_model("extraction"))?;
         Ok(LlmExtractor { extractor, thread })
     }
 

@@ -98,7 +98,6 @@ pub fn rewrite(name: &str, sentences: &[String]) -> String {
 }
 
 /// Runs a `remember_about` job.
-// Long: read the window, pick sentences, ask the model, fall back, store: one job's steps in order, each a few lines.
 pub async fn remember_about(
     svc: &MemoryService,
     scope: &Scope,
@@ -128,63 +127,17 @@ pub async fn remember_about(
         }));
     }
     let evidence = said.join(" ");
-    let mut method = "sentences";
-    let mut fact = rewrite(name, &said);
-    // What the model proposed and why it was not kept, for the job's result.
-    let mut model = serde_json::Value::Null;
-    if let Some(ex) = svc.extractor.clone() {
-        let (n, e) = (name.to_string(), evidence.clone());
-        let answer = tokio::task::spawn_blocking(move || ex.summarize_about(&n, &e))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.0));
-        model = match answer {
-            Err(e) => json!({"error": e}),
-            Ok(summary) => {
-                let mentions = name_words(name)
-                    .iter()
-                    .any(|k| content_words(&summary).contains(k));
-                match check_fact(&summary, "relationship", None, &evidence) {
-                    Verdict::Accepted(c) if mentions => {
-                        fact = c.text;
-                        method = "model";
-                        json!({"text": summary, "kept": true})
-                    }
-                    Verdict::Accepted(_) => {
-                        json!({"text": summary, "kept": false, "why": "does not name them"})
-                    }
-                    Verdict::Rejected(r) => {
-                        json!({"text": summary, "kept": false, "why": r.filter()})
-                    }
-                }
-            }
-        };
-    }
+    let (fact, method, model) = match svc.extractor.clone() {
+        Some(ex) => ask_the_model(ex, name, &said, &evidence).await,
+        None => (rewrite(name, &said), "sentences", serde_json::Value::Null),
+    };
     let used: Vec<String> = ids
         .into_iter()
         .zip(&texts)
         .filter(|(_, t)| said.iter().any(|s| t.contains(s.as_str())))
         .map(|(id, _)| id)
         .collect();
-    let mut m = NewMemory::new(
-        &scope.user_id,
-        Kind::People,
-        FactType::Relationship,
-        &fact,
-        Source::Explicit,
-    );
-    m.character_id = scope.character_id;
-    m.guild_id = scope.guild_id.clone();
-    m.pinned = true;
-    m.confidence = 1.0;
-    m.evidence_text = Some(evidence.chars().take(MAX_FACT_CHARS).collect());
-    m.source_message_ids = used.clone();
-    m.entity_refs = name_words(name)
-        .first()
-        .map(|w| vec![format!("person:{w}")])
-        .unwrap_or_default();
-    svc.embed_memory(&mut m).await;
-    let up = store::upsert(&svc.pool, m).await?;
+    let up = store_about(svc, scope, name, &fact, &evidence, &used).await?;
     let blob = rebuild_blob(svc, scope).await?;
     Ok(json!({
         "stored": true,
@@ -195,6 +148,76 @@ pub async fn remember_about(
         "from_messages": used,
         "blob": blob,
     }))
+}
+
+/// The fact about `name`: the model's summary of what was `said` when it passes the fact
+/// filters and names them, else the sentences rewritten. With it, how it was made and what
+/// the model proposed (and why it was not kept), for the job's result.
+async fn ask_the_model(
+    ex: std::sync::Arc<dyn crate::memory::Extractor>,
+    name: &str,
+    said: &[String],
+    evidence: &str,
+) -> (String, &'static str, serde_json::Value) {
+    let fallback = rewrite(name, said);
+    let (n, e) = (name.to_string(), evidence.to_string());
+    let answer = tokio::task::spawn_blocking(move || ex.summarize_about(&n, &e))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.0));
+    let summary = match answer {
+        Err(e) => return (fallback, "sentences", json!({"error": e})),
+        Ok(summary) => summary,
+    };
+    let mentions = name_words(name)
+        .iter()
+        .any(|k| content_words(&summary).contains(k));
+    match check_fact(&summary, "relationship", None, evidence) {
+        Verdict::Accepted(c) if mentions => {
+            (c.text, "model", json!({"text": summary, "kept": true}))
+        }
+        Verdict::Accepted(_) => (
+            fallback,
+            "sentences",
+            json!({"text": summary, "kept": false, "why": "does not name them"}),
+        ),
+        Verdict::Rejected(r) => (
+            fallback,
+            "sentences",
+            json!({"text": summary, "kept": false, "why": r.filter()}),
+        ),
+    }
+}
+
+/// Stores `fact` about `name` as a pinned relationship memory of the user, with the
+/// messages it came from.
+async fn store_about(
+    svc: &MemoryService,
+    scope: &Scope,
+    name: &str,
+    fact: &str,
+    evidence: &str,
+    used: &[String],
+) -> Result<store::Upserted> {
+    let mut m = NewMemory::new(
+        &scope.user_id,
+        Kind::People,
+        FactType::Relationship,
+        fact,
+        Source::Explicit,
+    );
+    m.character_id = scope.character_id;
+    m.guild_id = scope.guild_id.clone();
+    m.pinned = true;
+    m.confidence = 1.0;
+    m.evidence_text = Some(evidence.chars().take(MAX_FACT_CHARS).collect());
+    m.source_message_ids = used.to_vec();
+    m.entity_refs = name_words(name)
+        .first()
+        .map(|w| vec![format!("person:{w}")])
+        .unwrap_or_default();
+    svc.embed_memory(&mut m).await;
+    store::upsert(&svc.pool, m).await
 }
 
 #[cfg(test)]

@@ -4,12 +4,11 @@
 use super::super::{embed, store, MemoryService, Result};
 use super::rank::{self, Signals};
 use super::rows::channel_score;
+use super::types::{ranks, Hit, HitKind, SearchRequest, FACT_CANDIDATES, VECTOR_CANDIDATES};
 use super::vector::{embed_missing, store_backfill};
 use super::words::overlap;
-use super::{ranks, Hit, HitKind, SearchRequest, FACT_CANDIDATES, VECTOR_CANDIDATES};
 
 /// The extracted facts' candidates, each with what the ranker reads.
-// Long: two orders, their ranks and each fact's signals share every local.
 pub(super) async fn fact_candidates(
     svc: &MemoryService,
     req: &SearchRequest,
@@ -26,15 +25,7 @@ pub(super) async fn fact_candidates(
     }
     let lex: Vec<f64> = facts
         .iter()
-        .map(|f| {
-            let t = format!(
-                "{} {} {}",
-                f.entity_label.as_deref().unwrap_or(""),
-                f.text,
-                f.evidence_text.as_deref().unwrap_or("")
-            );
-            overlap(qwords, &req.query, &t)
-        })
+        .map(|f| overlap(qwords, &req.query, &lexical_text(f)))
         .collect();
     let sem: Vec<Option<f64>> = facts
         .iter()
@@ -43,18 +34,7 @@ pub(super) async fn fact_candidates(
             _ => None,
         })
         .collect();
-    let mut lex_order: Vec<usize> = (0..facts.len()).filter(|&i| lex[i] > 0.0).collect();
-    lex_order.sort_by(|&a, &b| lex[b].total_cmp(&lex[a]).then(a.cmp(&b)));
-    let mut vec_order: Vec<usize> = (0..facts.len()).filter(|&i| sem[i].is_some()).collect();
-    vec_order.sort_by(|&a, &b| {
-        sem[b]
-            .unwrap_or(0.0)
-            .total_cmp(&sem[a].unwrap_or(0.0))
-            .then(a.cmp(&b))
-    });
-    vec_order.truncate(VECTOR_CANDIDATES);
-    let lr = ranks(&lex_order);
-    let vr = ranks(&vec_order);
+    let (lr, vr) = list_ranks(&lex, &sem);
     let freq = rank::entity_frequency(
         &facts
             .iter()
@@ -83,21 +63,53 @@ pub(super) async fn fact_candidates(
             bm25: lex[i],
             voice: None,
         };
-        let hit = Hit {
-            kind: HitKind::Memory,
-            id: format!("memory:{}", f.id),
-            text: f.text,
-            score: 0.0,
-            components: Default::default(),
-            source_message_ids: f.source_message_ids,
-            session_id: None,
-            speaker: None,
-            at: Some(f.valid_from),
-            entity_refs: f.entity_refs,
-        };
-        out.push((hit, s));
+        out.push((fact_hit(f), s));
     }
     Ok(out)
+}
+
+/// What a fact's words are matched in: its entity, its text and its evidence.
+fn lexical_text(f: &store::Memory) -> String {
+    format!(
+        "{} {} {}",
+        f.entity_label.as_deref().unwrap_or(""),
+        f.text,
+        f.evidence_text.as_deref().unwrap_or("")
+    )
+}
+
+/// Each fact's rank in the lexical list (those sharing a query word, best first) and in
+/// the vector list (the nearest [`VECTOR_CANDIDATES`]), by its index.
+fn list_ranks(lex: &[f64], sem: &[Option<f64>]) -> (Ranks, Ranks) {
+    let mut lex_order: Vec<usize> = (0..lex.len()).filter(|&i| lex[i] > 0.0).collect();
+    lex_order.sort_by(|&a, &b| lex[b].total_cmp(&lex[a]).then(a.cmp(&b)));
+    let mut vec_order: Vec<usize> = (0..sem.len()).filter(|&i| sem[i].is_some()).collect();
+    vec_order.sort_by(|&a, &b| {
+        sem[b]
+            .unwrap_or(0.0)
+            .total_cmp(&sem[a].unwrap_or(0.0))
+            .then(a.cmp(&b))
+    });
+    vec_order.truncate(VECTOR_CANDIDATES);
+    (ranks(&lex_order), ranks(&vec_order))
+}
+
+type Ranks = std::collections::HashMap<usize, usize>;
+
+/// A fact as a hit, before the ranker scores it.
+fn fact_hit(f: store::Memory) -> Hit {
+    Hit {
+        kind: HitKind::Memory,
+        id: format!("memory:{}", f.id),
+        text: f.text,
+        score: 0.0,
+        components: Default::default(),
+        source_message_ids: f.source_message_ids,
+        session_id: None,
+        speaker: None,
+        at: Some(f.valid_from),
+        entity_refs: f.entity_refs,
+    }
 }
 
 /// Fills a few facts that have no vector at all; another model's vector waits for

@@ -11,11 +11,11 @@ use super::rank::{self, Signals};
 use super::rows::{channel_score, fetch_messages, MsgRow};
 use super::spans::nearest_spans;
 use super::timeq::TimeWindow;
-use super::vector::{backfill, cosines, nearest_messages};
-use super::words::{content_words, names, overlap, substance, VAGUE};
-use super::{
+use super::types::{
     ranks, Hit, HitKind, SearchRequest, LEXICAL_CANDIDATES, VECTOR_CANDIDATES, WINDOW_CANDIDATES,
 };
+use super::vector::{backfill, cosines, nearest_messages};
+use super::words::{content_words, names, overlap, substance, VAGUE};
 
 /// The rank of each candidate in each leg's list, for the fusion.
 struct Legs {

@@ -1,11 +1,12 @@
 //! The rankers as pure functions over scored candidates, so each formula can be checked
 //! against hand-computed numbers and compared side by side on the same candidates.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::{Hit, HitKind};
+use super::components::{Components, GATE_LEXICAL, GATE_SEMANTIC};
+use super::types::{Hit, HitKind};
 use crate::memory::RankerKind;
 
 /// What every ranker may look at for one candidate. Lists (lexical, vector) are ranks
@@ -42,7 +43,7 @@ pub struct Signals {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
     pub score: f64,
-    pub components: BTreeMap<String, f64>,
+    pub components: Components,
     /// Seed 002's relevance gate (other rankers: always true).
     pub passes_gate: bool,
 }
@@ -61,11 +62,12 @@ pub fn recency_importance(s: &Signals, now: DateTime<Utc>) -> Scored {
     let score = 0.40 * sim + 0.30 * recency + 0.30 * s.entity_freq;
     Scored {
         score,
-        components: BTreeMap::from([
-            ("similarity".into(), sim),
-            ("recency".into(), recency),
-            ("entity_frequency".into(), s.entity_freq),
-        ]),
+        components: Components {
+            similarity: Some(sim),
+            recency: Some(recency),
+            entity_frequency: Some(s.entity_freq),
+            ..Components::default()
+        },
         passes_gate: true,
     }
 }
@@ -77,28 +79,30 @@ pub fn recency_importance(s: &Signals, now: DateTime<Utc>) -> Scored {
 /// with semantic or lexical >= 0.15.
 pub fn weighted(s: &Signals, now: DateTime<Utc>) -> Scored {
     let recency = 1.0 / (1.0 + age_days(s.at, now) / 45.0);
-    let mut components = BTreeMap::from([
-        ("lexical".into(), s.lexical),
-        ("confidence".into(), s.confidence),
-        ("recency".into(), recency),
-        ("channel".into(), s.channel),
-    ]);
+    let mut components = Components {
+        lexical: Some(s.lexical),
+        confidence: Some(s.confidence),
+        recency: Some(recency),
+        channel: Some(s.channel),
+        ..Components::default()
+    };
     let (score, gate) = match s.semantic {
         Some(sem) => {
             let sem = sem.max(0.0);
-            components.insert("semantic".into(), sem);
+            components.semantic = Some(sem);
             let c = 0.50 * sem
                 + 0.28 * s.lexical
                 + 0.10 * s.confidence
                 + 0.07 * recency
                 + 0.05 * s.channel;
-            let gate =
-                sem >= 0.30 || s.lexical >= 0.24 || (c >= 0.50 && sem.max(s.lexical) >= 0.15);
+            let gate = sem >= GATE_SEMANTIC
+                || s.lexical >= GATE_LEXICAL
+                || (c >= 0.50 && sem.max(s.lexical) >= 0.15);
             (c, gate)
         }
         None => {
             let c = 0.75 * s.lexical + 0.10 * s.confidence + 0.10 * recency + 0.05 * s.channel;
-            (c, s.lexical >= 0.24 || c >= 0.62)
+            (c, s.lexical >= GATE_LEXICAL || c >= 0.62)
         }
     };
     Scored {
@@ -234,18 +238,15 @@ pub fn hybrid(s: &Signals, spreads: Option<&Spreads>) -> Scored {
                     + RAW.voice * s.voice.unwrap_or(0.0)
             }
         };
-    let mut components = BTreeMap::from([
-        ("semantic".into(), s.semantic.unwrap_or(0.0)),
-        ("span".into(), s.span.unwrap_or(0.0)),
-        ("bm25".into(), s.bm25),
-        ("lexical".into(), s.lexical),
-    ]);
-    if s.in_window.is_some() {
-        components.insert("time".into(), time);
-    }
-    if let Some(v) = s.voice {
-        components.insert("voice".into(), v);
-    }
+    let components = Components {
+        semantic: Some(s.semantic.unwrap_or(0.0)),
+        span: Some(s.span.unwrap_or(0.0)),
+        bm25: Some(s.bm25),
+        lexical: Some(s.lexical),
+        time: s.in_window.map(|_| time),
+        voice: s.voice,
+        ..Components::default()
+    };
     Scored {
         score,
         components,
@@ -267,14 +268,20 @@ pub fn score(
         RankerKind::Hybrid => hybrid(s, spreads),
         RankerKind::Lexical => Scored {
             score: rrf(s.lexical_rank),
-            components: BTreeMap::from([("rrf_lexical".into(), rrf(s.lexical_rank))]),
+            components: Components {
+                rrf_lexical: Some(rrf(s.lexical_rank)),
+                ..Components::default()
+            },
             passes_gate: s.lexical_rank.is_some(),
         },
         RankerKind::Vector => {
             let sem = s.semantic.unwrap_or(f64::NEG_INFINITY);
             Scored {
                 score: if sem.is_finite() { sem } else { -1.0 },
-                components: BTreeMap::from([("semantic".into(), s.semantic.unwrap_or(0.0))]),
+                components: Components {
+                    semantic: Some(s.semantic.unwrap_or(0.0)),
+                    ..Components::default()
+                },
                 passes_gate: s.semantic.is_some(),
             }
         }

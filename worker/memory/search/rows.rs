@@ -5,7 +5,7 @@ use pgvector::Vector;
 use sqlx::PgPool;
 
 use super::super::Result;
-use super::ranks;
+use super::types::ranks;
 
 pub(super) fn channel_score(want: Option<&str>, have: Option<&str>) -> f64 {
     match (want, have) {

@@ -10,8 +10,8 @@ use pgvector::Vector;
 
 use super::super::embed::{EmbedError, Keep, Role};
 use super::super::{MemoryError, MemoryService, Result};
+use super::types::SearchRequest;
 use super::vector::nearest;
-use super::SearchRequest;
 
 /// Spans read per search; each spreads to up to five messages. On the tune half the top
 /// 50 did as well as every span of the user, and the top 30 lost 0.01 of R@10.

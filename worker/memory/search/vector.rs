@@ -9,8 +9,8 @@ use sqlx::PgPool;
 use super::super::embed::{self, Role};
 use super::super::{MemoryService, Result};
 use super::rows::MsgRow;
+use super::types::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
 use super::words::message_key;
-use super::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
 
 /// HNSW candidates per search: the list the fusion reads is [`VECTOR_CANDIDATES`] long, and
 /// the index's recall of the true top-100 drops fast below twice that.

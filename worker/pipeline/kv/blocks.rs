@@ -8,7 +8,7 @@ use crate::engine::{Engine, KvSession};
 use crate::snapshot::SegKind;
 use crate::turn::TurnError;
 
-use super::{LoadedKv, TurnJob};
+use super::job::{LoadedKv, TurnJob};
 
 /// The turn's fixed blocks, tokenized once.
 pub(super) struct Blocks {

@@ -3,7 +3,9 @@
 //! Nothing here touches Postgres or files; [`super::TurnPipeline`] brings the inputs.
 
 mod blocks;
+mod job;
 mod open;
+mod prepared;
 mod settle;
 
 use std::sync::atomic::AtomicBool;
@@ -13,175 +15,17 @@ use std::time::Instant;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::token::LlamaToken;
 
-use super::history;
-use super::recall::{ContextBlock, RecallItem};
-use super::reply_stream::ReplyStream;
-use crate::context::digest;
 use crate::engine::batch::SeqJob;
 use crate::engine::{self, Contexts, Engine, GenStats, KvSession, TokenSink};
-use crate::snapshot::{self, SegKind, Segment, Snapshot};
-use crate::stream;
-use crate::turn::log::Rebuild;
-use crate::turn::{KvRecord, TurnError};
+use crate::snapshot::{SegKind, Segment};
+use crate::turn::TurnError;
 
-use blocks::Blocks;
-use blocks::Injected;
 pub use blocks::CLEARED_CONTEXT;
+use job::Prompt;
+pub use job::{ColdSource, KvOutcome, Start, TurnJob, TurnRun};
 use open::prepare;
+use prepared::{Opened, Prepared};
 use settle::finish;
-
-/// What the engine thread needs for one turn, besides where its KV comes from.
-#[derive(Clone)]
-pub struct TurnJob {
-    /// Tags the turn's exchange segment, so the segment table says which turns the KV holds.
-    pub turn_id: i64,
-    pub base_prompt: String,
-    pub hud: String,
-    pub digest: digest::Stored,
-    /// The context block; injected when the KV has not seen this version.
-    pub context: ContextBlock,
-    /// Recall candidates in rank order (cards first); only those the KV lacks go in.
-    pub recall: Vec<RecallItem>,
-    /// MEMORY_MAX_TOKENS: the recall block's whole size.
-    pub recall_max: u32,
-    pub user: String,
-    /// The start of the reply, written by the worker (an in-chat command's answer); the
-    /// model continues from it. Empty for an ordinary turn.
-    pub reply_prefix: String,
-    pub tail: u32,
-    pub reply_max: u32,
-    pub export: bool,
-    /// Where the reply streams while it is generated; `None`: it is not streamed.
-    pub stream: Option<stream::Target>,
-}
-
-/// Where the turn's KV comes from.
-pub enum Start {
-    /// A trusted snapshot: resume warm.
-    Snapshot(Box<Snapshot>),
-    /// No trusted snapshot: rebuild the dialogue into an empty KV.
-    Cold(ColdSource),
-}
-
-/// What a cold start lays back into the KV.
-pub enum ColdSource {
-    /// The token ids and segments the KV held after the last committed turn: the warm
-    /// KV's dialogue, token for token.
-    Exact(KvRecord),
-    /// The recent exchanges' text, oldest first, re-tokenized (empty on a first turn).
-    Text(Vec<history::Exchange>),
-}
-
-/// How the engine thread's part ended.
-#[derive(Debug)]
-pub enum KvOutcome {
-    Ran(Box<TurnRun>),
-    /// The snapshot could not be restored into this context (base prompt changed, or
-    /// llama.cpp refused the state): the pipeline starts the turn again, cold.
-    Refused(String),
-}
-
-/// What the engine thread produced.
-#[derive(Debug)]
-pub struct TurnRun {
-    pub reply: String,
-    /// The line the reply's hidden tail asked to keep (already cut off `reply`).
-    pub memory_line: Option<String>,
-    pub token_ids: Vec<i32>,
-    pub segments: Vec<snapshot::Segment>,
-    pub state: Option<Vec<u8>>,
-    pub warm: bool,
-    /// How a cold start rebuilt the dialogue; `None` when warm.
-    pub rebuild: Option<Rebuild>,
-    pub tokens_loaded: u32,
-    pub digest_injected: bool,
-    /// The digest version the saved KV has seen ("" if none).
-    pub kv_digest_version: String,
-    pub s_tokens: u32,
-    pub u_tokens: u32,
-    pub r_tokens: u32,
-    /// The context block, when injected: its tokens.
-    pub c_tokens: u32,
-    pub context_injected: bool,
-    /// The recall block, when injected: its tokens and the items it carried.
-    pub m_tokens: u32,
-    pub recalled: Vec<String>,
-    /// Candidates left out because the KV already holds them.
-    pub recall_in_kv: u32,
-    pub load_ms: u64,
-    /// Prompt tokens decoded before the first reply token (a cold start's lay-back, a
-    /// prune's re-decode, injected blocks, a changed HUD, the message).
-    pub prefill_tokens: u32,
-    /// The whole prompt the reply was conditioned on: what the KV held when generation
-    /// started, restored or decoded.
-    pub prompt_tokens: u32,
-    /// The HUD the KV ended with was the current one, so it was not decoded again.
-    pub hud_kept: bool,
-    pub stats: GenStats,
-}
-
-/// How a turn's KV came up.
-enum Opened<'e, 'c> {
-    Ready(KvSession<'e, 'c>, Box<Prepared>),
-    /// The snapshot could not be restored: why.
-    Refused(String),
-}
-
-/// A turn after steps 1–3, up to its message.
-struct Prepared {
-    job: TurnJob,
-    blocks: Blocks,
-    loaded: LoadedKv,
-    injected: Injected,
-    tokens_loaded: u32,
-    load_ms: u64,
-    prefill_started: Instant,
-    hud_kept: bool,
-    /// Where the HUD segment starts, for step 5.
-    hud_start: u32,
-    recall_in_kv: u32,
-}
-
-impl Prepared {
-    /// The reply's stream, opened with what the turn knows as it starts generating: the
-    /// first delta's `meta`, which the HTTP relay's first chunk carries.
-    fn open_stream(&self, engine: &Engine, prompt: Prompt) -> ReplyStream {
-        let mut reply = ReplyStream::new(
-            self.job.stream.as_ref().map(stream::Target::open),
-            &self.blocks.prefix,
-        );
-        reply.start(
-            engine,
-            serde_json::json!({
-                "cold": self.loaded.rebuild.is_some(),
-                "digest_injected": self.injected.digest.is_some(),
-                "digest_version": self.job.digest.version,
-                "prompt_tokens": prompt.prompt_tokens,
-                "cached_tokens": prompt.prompt_tokens.saturating_sub(prompt.prefill_tokens),
-            }),
-        );
-        reply
-    }
-
-    /// The tokens that open the exchange (a new turn segment): the whole user block after
-    /// injected blocks, else the message after the HUD segment's opening.
-    fn message(&self) -> &[LlamaToken] {
-        if self.injected.any() {
-            &self.blocks.user
-        } else {
-            &self.blocks.user[self.blocks.opener..]
-        }
-    }
-}
-
-/// How step 1 went.
-struct LoadedKv {
-    /// `None` when warm.
-    rebuild: Option<Rebuild>,
-    /// The digest version the KV has seen, when its dialogue is known exactly (warm, or
-    /// rebuilt from the record); `None` after a text rebuild, which holds no digest.
-    seen_digest: Option<String>,
-}
 
 /// Steps 1–5 of seed 000 inside a context (the save itself is the caller's).
 pub fn run_in_context(
@@ -215,14 +59,6 @@ pub fn run_in_context(
     finish(engine, &mut session, prepared, generated, prompt, stats)
 }
 
-/// The prompt a reply was conditioned on: what the KV held when generation started, and
-/// how much of it this turn decoded.
-#[derive(Debug, Clone, Copy)]
-struct Prompt {
-    prefill_tokens: u32,
-    prompt_tokens: u32,
-}
-
 /// One turn of [`run_batch`].
 pub struct BatchTurn {
     pub job: TurnJob,
@@ -241,12 +77,63 @@ impl BatchTurn {
     }
 }
 
+/// What a batched turn keeps of its prepared session while the batch decodes.
+struct Held {
+    tokens: Vec<i32>,
+    segments: Vec<Segment>,
+    decoded: u32,
+    prepared: Box<Prepared>,
+}
+
+/// A batched turn's step 5: its sequence, decoded with the others, restored into the
+/// one-sequence context with the tokens and segments it now holds, then settled as a turn
+/// run alone is. `times` are when the batch started and when its shared decode did.
+fn settle_batched(
+    engine: &Engine,
+    work: &mut LlamaContext<'static>,
+    done: engine::batch::SeqDone,
+    held: Held,
+    pending: &[LlamaToken],
+    (started, joint_at): (Instant, Instant),
+) -> Result<KvOutcome, TurnError> {
+    let Held {
+        mut tokens,
+        mut segments,
+        decoded,
+        prepared,
+    } = held;
+    let prompt = Prompt {
+        prefill_tokens: decoded + pending.len() as u32,
+        prompt_tokens: (tokens.len() + pending.len()) as u32,
+    };
+    tokens.extend(pending.iter().chain(&done.generated).map(|t| t.0));
+    segments.push(Segment::new(
+        SegKind::Turn,
+        (pending.len() + done.generated.len()) as u32,
+    ));
+    let mut session = KvSession::restore(engine, work, &done.state, &tokens, &segments)?;
+    let ms = |from: Instant| joint_at.duration_since(from).as_millis() as u64;
+    let stats = GenStats {
+        prefill_ms: ms(prepared.prefill_started) + done.first_token_ms,
+        ttft_ms: ms(started) + done.first_token_ms,
+        generate_ms: done.done_ms - done.first_token_ms,
+        redecode_ms: 0,
+    };
+    finish(
+        engine,
+        &mut session,
+        *prepared,
+        done.generated,
+        prompt,
+        stats,
+    )
+}
+
 /// Several sessions' turns on one engine thread, their messages and replies decoded
 /// together ([`engine::batch`]). Each turn is prepared (steps 1–3 but the message) in the
 /// one-sequence context and handed over as its exported KV; after the shared decode its
 /// sequence is exported and restored into the one-sequence context for step 5, so the
 /// saved KV is what a turn run alone saves. Results come back in the order of `turns`.
-// Long: the prepares, the shared decode and each turn's step 5, in the order they run.
 pub fn run_batch(
     engine: &Engine,
     ctxs: &mut Contexts,
@@ -280,12 +167,12 @@ pub fn run_batch(
                     max: prepared.job.reply_max,
                     abort: turn.abort,
                 });
-                held.push((
-                    session.token_ids(),
-                    session.segments().to_vec(),
-                    session.decoded(),
+                held.push(Held {
+                    tokens: session.token_ids(),
+                    segments: session.segments().to_vec(),
+                    decoded: session.decoded(),
                     prepared,
-                ));
+                });
                 None
             }
             Ok(Opened::Refused(why)) => Some(Ok(KvOutcome::Refused(why))),
@@ -304,40 +191,15 @@ pub fn run_batch(
     drop(sinks);
     drop(streams);
     let mut ran = decoded.into_iter().zip(held).zip(pending);
+    let times = (started, joint_at);
     for slot in results.iter_mut().filter(|r| r.is_none()) {
-        let Some(((done, (tokens, segments, decoded, prepared)), pending)) = ran.next() else {
+        let Some(((done, held), pending)) = ran.next() else {
             break;
         };
-        *slot = Some(done.map_err(TurnError::from).and_then(|done| {
-            let prompt = Prompt {
-                prefill_tokens: decoded + pending.len() as u32,
-                prompt_tokens: (tokens.len() + pending.len()) as u32,
-            };
-            let mut tokens = tokens;
-            tokens.extend(pending.iter().chain(&done.generated).map(|t| t.0));
-            let mut segments = segments;
-            segments.push(Segment::new(
-                SegKind::Turn,
-                (pending.len() + done.generated.len()) as u32,
-            ));
-            let mut session =
-                KvSession::restore(engine, &mut ctxs.work, &done.state, &tokens, &segments)?;
-            let ms = |from: Instant| joint_at.duration_since(from).as_millis() as u64;
-            let stats = GenStats {
-                prefill_ms: ms(prepared.prefill_started) + done.first_token_ms,
-                ttft_ms: ms(started) + done.first_token_ms,
-                generate_ms: done.done_ms - done.first_token_ms,
-                redecode_ms: 0,
-            };
-            finish(
-                engine,
-                &mut session,
-                *prepared,
-                done.generated,
-                prompt,
-                stats,
-            )
-        }));
+        *slot =
+            Some(done.map_err(TurnError::from).and_then(|done| {
+                settle_batched(engine, &mut ctxs.work, done, held, &pending, times)
+            }));
     }
     results
         .into_iter()

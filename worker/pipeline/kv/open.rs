@@ -13,11 +13,11 @@ use crate::turn::log::Rebuild;
 use crate::turn::TurnError;
 
 use super::blocks::{budget, context_block, digest_block, recall_block, Blocks, Injected};
-use super::{ColdSource, LoadedKv, Opened, Prepared, Start, TurnJob};
+use super::job::{ColdSource, LoadedKv, Start, TurnJob};
+use super::prepared::{Opened, Prepared};
 
 /// Steps 1–3 in a one-sequence context, all but the message: the KV restored or rebuilt,
 /// pruned, and given the HUD and the blocks due.
-// Long: steps 1–3 in the order they act on the one session, each step's state at hand.
 pub(super) fn prepare<'e, 'c>(
     engine: &'e Engine,
     ctx: &'c mut LlamaContext<'static>,
@@ -77,8 +77,32 @@ pub(super) fn prepare<'e, 'c>(
         (injected.recall, recall_in_kv) = recall_block(engine, &job, &session);
     }
 
-    // 3. Build the context: the HUD (unless the KV ends with it), digest, context and
-    // recall (when due); the message is the caller's.
+    let hud_start = build_context(&mut session, &blocks, hud_kept, &injected)?;
+    Ok(Opened::Ready(
+        session,
+        Box::new(Prepared {
+            job,
+            blocks,
+            loaded,
+            injected,
+            tokens_loaded,
+            load_ms,
+            prefill_started,
+            hud_kept,
+            hud_start,
+            recall_in_kv,
+        }),
+    ))
+}
+
+/// Step 3, building the context: the HUD (unless the KV ends with it), digest, context
+/// and recall (when due); the message is the caller's. Returns where the HUD starts.
+fn build_context(
+    session: &mut KvSession,
+    blocks: &Blocks,
+    hud_kept: bool,
+    injected: &Injected,
+) -> Result<u32, TurnError> {
     if !hud_kept {
         session.append(&blocks.hud, Some(SegKind::Hud))?;
     }
@@ -97,21 +121,7 @@ pub(super) fn prepare<'e, 'c>(
             session.append_segment(tokens, SegKind::Recall, &keys.join("."))?;
         }
     }
-    Ok(Opened::Ready(
-        session,
-        Box::new(Prepared {
-            job,
-            blocks,
-            loaded,
-            injected,
-            tokens_loaded,
-            load_ms,
-            prefill_started,
-            hud_kept,
-            hud_start,
-            recall_in_kv,
-        }),
-    ))
+    Ok(hud_start)
 }
 
 /// A cold start's step 1: the recorded dialogue decoded as recorded, or the text rebuilt.

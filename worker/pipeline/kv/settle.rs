@@ -11,7 +11,8 @@ use crate::snapshot::SegKind;
 use crate::turn::TurnError;
 
 use super::blocks::Blocks;
-use super::{KvOutcome, Prepared, Prompt, TurnRun};
+use super::job::{KvOutcome, Prompt, TurnRun};
+use super::prepared::Prepared;
 
 /// Step 5's engine half after the reply: the hidden memory line comes off, the exchange
 /// settles into the KV, and the state is exported for the save.

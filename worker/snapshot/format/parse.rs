@@ -1,7 +1,7 @@
 //! Reading an untrusted LLKV1 file: every length and count checked against the file's
 //! real size and the limits before anything is allocated, both CRCs verified.
 
-use super::{
+use super::types::{
     valid_tag, Compression, Header, Limits, SegKind, Segment, Snapshot, SnapshotError, MAGIC,
     MAX_HEADER_BYTES, MAX_HEADER_LINES, MAX_SEGMENTS, MAX_ZSTD_RATIO,
 };

@@ -3,7 +3,7 @@
 
 use std::io;
 
-use super::{valid_tag, Compression, Header, Segment, MAGIC};
+use super::types::{valid_tag, Compression, Header, Segment, MAGIC};
 
 /// Serialises header + tokens + state. Fills in the derived header fields.
 pub fn encode(header: &mut Header, token_ids: &[i32], state: &[u8]) -> io::Result<Vec<u8>> {

@@ -4,6 +4,7 @@
 //! kind and entity come from rules over the line instead, and its subject is checked
 //! against the message and the speaker.
 
+use crate::memory::ingest::extract::candidate::{Extraction, MAX_FACTS};
 use crate::memory::ingest::extract::subject::{
     candidate, named_relations, relation_in, resolve_relation, subject_of, third_party_only,
 };
@@ -11,7 +12,6 @@ use crate::memory::ingest::extract::words::{
     lower_words, same_name, split_clauses, ADVERBS, CLAUSE_JOINS, LINKING, NEGATION_JOINS, PETS,
     PREFERENCES, PROJECTS, RELATIONS,
 };
-use crate::memory::ingest::extract::{Extraction, MAX_FACTS};
 use crate::memory::store::filters::{
     check_fact, clean_text, dedup_key, has_negation, ungrounded_words, FactType, Reason, Verdict,
 };
@@ -341,7 +341,7 @@ fn negated_clause_holds(fact: &str, message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::ingest::extract::MemoryKind;
+    use crate::memory::store::Kind as MemoryKind;
 
     const MSG: &str = "My sister Priya lives in Lisbon and works as a nurse.";
 

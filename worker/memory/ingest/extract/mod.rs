@@ -7,6 +7,7 @@
 //! Decoding is greedy with a mild repetition penalty: deterministic, and small models stop
 //! looping. Calls are synchronous; run them on the thread that owns the context.
 
+mod candidate;
 pub mod lines;
 pub mod skip;
 mod subject;
@@ -14,6 +15,7 @@ mod words;
 
 use std::sync::Arc;
 
+pub use candidate::{slug, Extraction, FactCandidate, MAX_FACTS};
 pub use lines::{postprocess, LINES_GRAMMAR, LINES_SYSTEM};
 pub use skip::skip_reason;
 
@@ -21,12 +23,8 @@ use crate::engine::generate::{
     generate_warm, give_way, Ask, Busy, GenerateError, WarmContext, BACKGROUND_PREFILL_CHUNK,
 };
 use crate::engine::Engine;
-use crate::memory::store::filters::{
-    clean_text, is_text_grounded_in_source, FactType, RejectCounts,
-};
+use crate::memory::store::filters::{clean_text, is_text_grounded_in_source};
 
-/// Seed 002: at most 4 facts per message.
-pub const MAX_FACTS: usize = 4;
 /// Token budget for one extraction: four lines of up to 120 characters fit, and a list
 /// cut off by it keeps its complete lines.
 pub const EXTRACT_MAX_TOKENS: u32 = 160;
@@ -35,54 +33,6 @@ pub const MAX_BLOB_CHARS: usize = 1200;
 
 /// Seed 001's memory kinds: the store's own type.
 pub use crate::memory::store::Kind as MemoryKind;
-
-/// A fact that passed the filters, with seed 001's entity fields.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct FactCandidate {
-    pub text: String,
-    pub fact_type: FactType,
-    pub kind: MemoryKind,
-    /// `person`, `place`, `org` or `project`.
-    pub entity_type: Option<String>,
-    pub entity_label: Option<String>,
-    /// `<type>:<slug>` keys, seed 001's slug rules.
-    pub entity_refs: Vec<String>,
-    /// 0..=3.
-    pub importance: i16,
-    /// 0.0..=1.0.
-    pub confidence: f32,
-    pub evidence: Option<String>,
-}
-
-/// The outcome for one message.
-#[derive(Debug, Clone, Default)]
-pub struct Extraction {
-    pub facts: Vec<FactCandidate>,
-    pub rejected: RejectCounts,
-    /// The model's raw answer, for logs and the benchmark.
-    pub raw: String,
-    /// The answer hit the token budget; its last, cut-off line went through the filters
-    /// like the others.
-    pub truncated: bool,
-    /// Why the model never saw the message ([`skip_reason`]), if it did not.
-    pub skipped: Option<&'static str>,
-    /// Candidates read off the message's own clauses ([`lines::clause_lines`]), judged
-    /// by the same filters before the model's lines.
-    pub rule_lines: Vec<String>,
-}
-
-/// Seed 001's slug: lowercase, punctuation removed, spaces and hyphens become `_`.
-pub fn slug(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars().flat_map(char::to_lowercase) {
-        if c.is_alphanumeric() {
-            out.push(c);
-        } else if (c.is_whitespace() || c == '-' || c == '_') && !out.ends_with('_') {
-            out.push('_');
-        }
-    }
-    out.trim_matches('_').to_string()
-}
 
 const MERGE_SYSTEM: &str = "You keep a short memory about a person, written in the third person. \
 You are given the current memory and one new fact. Rewrite the memory so that it includes the new \

@@ -1,12 +1,13 @@
 //! Whom a fact is about: the leading name checked against the speaker and the message,
 //! and the entity a fact about someone else is filed under.
 
+use crate::memory::ingest::extract::candidate::{slug, FactCandidate};
 use crate::memory::ingest::extract::words::{
     capitalised, lower_words, mentions, names_in, same_name, split_clauses, CLAUSE_JOINS, COMMON,
     LINKING, RELATIONS,
 };
-use crate::memory::ingest::extract::{slug, FactCandidate, MemoryKind};
 use crate::memory::store::filters::{FactType, Reason};
+use crate::memory::store::Kind as MemoryKind;
 
 /// Whom the fact is about: its leading name ("Sam's sister …" is about Sam's sister, and
 /// starts with Sam). The speaker, or a name the message holds; never "I" or "my".

@@ -10,7 +10,7 @@ use super::cues::{
     COMMITMENT, DONE, DROPPED, FREQUENCY, FRICTION, HABIT, LEAD_INS, NOT_PROMISES, THREAD,
     TIME_WORDS,
 };
-use super::{
+use super::kinds::{
     Close, Found, TodoKind, CLOSE_MIN_SHARED, CLOSE_SHARE, MAX_PER_MESSAGE, MAX_TEXT_CHARS,
 };
 

@@ -10,73 +10,17 @@
 
 mod cues;
 mod detect;
+mod kinds;
 mod store;
 
-use chrono::NaiveDate;
-use serde::Serialize;
-
 pub use detect::{close_score, closings, detect, due_date};
+pub use kinds::{Close, Found, TodoKind, MAX_PER_MESSAGE};
 pub use store::{apply, list, Applied, Todo};
-
-/// Seed 001's four kinds of open loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TodoKind {
-    Commitment,
-    Habit,
-    Thread,
-    Friction,
-}
-
-impl TodoKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TodoKind::Commitment => "commitment",
-            TodoKind::Habit => "habit",
-            TodoKind::Thread => "thread",
-            TodoKind::Friction => "friction",
-        }
-    }
-}
-
-/// A todo found in a message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Found {
-    pub kind: TodoKind,
-    /// The clause, as the user wrote it.
-    pub text: String,
-    pub due: Option<NaiveDate>,
-}
-
-/// How a closing clause ends a todo.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Close {
-    Done,
-    Dropped,
-}
-
-impl Close {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Close::Done => "done",
-            Close::Dropped => "dropped",
-        }
-    }
-}
-
-/// At most this many todos come from one message.
-pub const MAX_PER_MESSAGE: usize = 3;
-/// A todo's text is a clause, cut at this many characters.
-const MAX_TEXT_CHARS: usize = 160;
-/// A closing clause must share this share of an open todo's content words...
-const CLOSE_SHARE: f64 = 0.5;
-/// ...and at least one word.
-const CLOSE_MIN_SHARED: usize = 1;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::NaiveDate;
     use chrono::{DateTime, TimeZone, Utc};
 
     // A Tuesday.

@@ -8,7 +8,7 @@ use sqlx::PgPool;
 use crate::memory::store::filters::{check_fact, dedup_key, Verdict};
 use crate::memory::Result;
 
-use super::{close_score, closings, detect};
+use super::detect::{close_score, closings, detect};
 
 /// A stored todo.
 #[derive(Debug, Clone, Serialize, PartialEq, sqlx::FromRow)]

@@ -3,7 +3,10 @@
 
 use std::collections::HashSet;
 
-use super::{MIN_TOKEN_OVERLAP, SHORT_LINE_TOKENS};
+/// Share of a fact's content tokens that must appear in the source.
+pub const MIN_TOKEN_OVERLAP: f32 = 0.45;
+/// Facts with at most this many content tokens need every one of them in the source.
+pub const SHORT_LINE_TOKENS: usize = 3;
 
 /// Words that carry no content, including the pronouns and "user" that rewriting a
 /// first-person message into a third-person fact adds.

@@ -21,13 +21,18 @@ use std::fmt;
 
 mod grounding;
 mod normalise;
+mod reason;
 mod screening;
 #[cfg(test)]
 mod tests;
 
 use grounding::compact;
-pub use grounding::{has_negation, is_text_grounded_in_source, ungrounded_words};
+pub use grounding::{
+    has_negation, is_text_grounded_in_source, ungrounded_words, MIN_TOKEN_OVERLAP,
+    SHORT_LINE_TOKENS,
+};
 pub use normalise::{clean_text, normalise_fact};
+pub use reason::Reason;
 pub use screening::screen;
 
 /// Shortest fact kept, in characters, after normalisation.
@@ -36,10 +41,6 @@ pub const MIN_FACT_CHARS: usize = 6;
 pub const MAX_FACT_CHARS: usize = 200;
 /// Longest evidence kept, in characters; longer evidence is dropped, not truncated.
 pub const MAX_EVIDENCE_CHARS: usize = 240;
-/// Share of a fact's content tokens that must appear in the source.
-pub const MIN_TOKEN_OVERLAP: f32 = 0.45;
-/// Facts with at most this many content tokens need every one of them in the source.
-pub const SHORT_LINE_TOKENS: usize = 3;
 
 /// Errors of this module. Filtering itself never fails (every candidate gets a
 /// [`Verdict`]); only the strict parse of a stored type name can.
@@ -117,68 +118,6 @@ impl FactType {
 impl fmt::Display for FactType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-/// Why a candidate was not stored. One variant per filter, so rejections can be counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// Nothing left after normalisation.
-    Empty,
-    TooShort,
-    TooLong,
-    /// Instruction or prompt-injection text; `pattern` is the rule that matched.
-    Instruction {
-        pattern: &'static str,
-    },
-    /// Chat-template control text such as `<|im_start|>`.
-    RoleTag {
-        pattern: &'static str,
-    },
-    /// A credential, or something shaped like one.
-    Secret {
-        pattern: &'static str,
-    },
-    /// Not supported by the source message.
-    Ungrounded,
-    /// Same fact as one already accepted from this message.
-    Duplicate,
-    /// Beyond the per-message cap (seed 002: 4).
-    OverCap,
-    /// About nobody the message names: the first person, or a name neither the speaker's
-    /// nor in the message.
-    Subject,
-    /// The message negates what the fact states ("doesn't drink coffee" as "drinks coffee").
-    NegationLost,
-}
-
-impl Reason {
-    /// The filter's name, as counted in [`RejectCounts`] and logged.
-    pub fn filter(&self) -> &'static str {
-        match self {
-            Reason::Empty => "empty",
-            Reason::TooShort => "too_short",
-            Reason::TooLong => "too_long",
-            Reason::Instruction { .. } => "instruction",
-            Reason::RoleTag { .. } => "role_tag",
-            Reason::Secret { .. } => "secret",
-            Reason::Ungrounded => "ungrounded",
-            Reason::Duplicate => "duplicate",
-            Reason::OverCap => "over_cap",
-            Reason::Subject => "subject",
-            Reason::NegationLost => "negation_lost",
-        }
-    }
-}
-
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Reason::Instruction { pattern }
-            | Reason::RoleTag { pattern }
-            | Reason::Secret { pattern } => write!(f, "{} ({pattern:?})", self.filter()),
-            _ => f.write_str(self.filter()),
-        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! instructions aimed at the model, and secrets.
 
 use super::normalise::match_form;
-use super::Reason;
+use super::reason::Reason;
 
 /// Chat-template and role markup that should never appear in a fact.
 const ROLE_TAGS: &[&str] = &[

@@ -9,10 +9,10 @@ use clap::{Args, Subcommand};
 use serde_json::Value;
 use sqlx::PgPool;
 
-use super::context_manager::{ContextError, ContextManager};
-use super::{daily, jobs, SummaryError, SummaryService};
 use crate::config::{ConfigError, Settings};
 use crate::db::DbError;
+use crate::summary::context_manager::{ContextError, ContextManager};
+use crate::summary::{daily, jobs, SummaryError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SummaryCliError {
@@ -133,7 +133,7 @@ async fn rebuild(
 
 async fn context(pool: &PgPool, settings: &Settings, user: &str, scope: &str) -> Result<()> {
     check_user(user)?;
-    let svc = SummaryService::load(pool.clone(), settings, None).await;
+    let svc = crate::system::summary_service(pool.clone(), settings, None).await;
     let c = daily::user_context(&svc, scope, user, Utc::now()).await?;
     println!("{}", serde_json::to_string_pretty(&c)?);
     Ok(())
@@ -158,7 +158,7 @@ fn check_user(user: &str) -> Result<()> {
 }
 
 async fn work(pool: &PgPool, settings: &Settings) -> Result<()> {
-    let svc = SummaryService::load(pool.clone(), settings, None).await;
+    let svc = crate::system::summary_service(pool.clone(), settings, None).await;
     for o in jobs::drain_at(&svc, Utc::now()).await? {
         println!("{}", serde_json::to_string(&o)?);
     }

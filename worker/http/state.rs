@@ -1,0 +1,61 @@
+//! What every route handler gets: the server's state, and the small request helpers the
+//! handlers share.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use sqlx::PgPool;
+use tokio::sync::broadcast;
+
+use crate::config::Settings;
+
+/// What the server needs; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+    /// SHA-256 of the configured model file ("" when no model is configured).
+    pub model_sha: String,
+    /// What `/metrics` renders: the process-wide registry unless set otherwise.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// Long-term memory for `/v1/memory/*` (503 there without it).
+    pub memory: Option<Arc<crate::memory::MemoryService>>,
+    pub(super) done: broadcast::Sender<i64>,
+    /// The LISTEN connection streamed replies are followed through.
+    pub(super) hub: crate::stream::Hub,
+}
+
+impl AppState {
+    pub fn new(pool: PgPool, settings: Arc<Settings>, model_sha: String) -> AppState {
+        let (done, _) = broadcast::channel(4096);
+        AppState {
+            hub: crate::stream::Hub::new(pool.clone()),
+            pool,
+            settings,
+            model_sha,
+            metrics: crate::metrics::global(),
+            memory: None,
+            done,
+        }
+    }
+
+    /// Serves `/v1/memory/*` from this memory service.
+    pub fn with_memory(mut self, memory: Arc<crate::memory::MemoryService>) -> AppState {
+        self.memory = Some(memory);
+        self
+    }
+
+    /// Renders `metrics` at `/metrics` (a worker's own registry, in tests).
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> AppState {
+        self.metrics = metrics;
+        self
+    }
+}
+
+/// A request header as text, if present and printable.
+pub(super) fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}

@@ -1,0 +1,24 @@
+//! What the queue's files share: its error, and the lease and backoff timing.
+
+use crate::turn::TurnId;
+
+/// Queue errors. `Fenced` means another worker owns the session now: drop the work.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("lease lost for turn {0}: another worker owns the session now")]
+    Fenced(TurnId),
+    #[error("the worker's commit queue has stopped")]
+    Stopped,
+}
+
+pub type Result<T, E = QueueError> = std::result::Result<T, E>;
+
+/// Lease and backoff settings, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueTiming {
+    pub lease_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+}

@@ -1,0 +1,44 @@
+//! A turn's identity and the claim on it: what the queue hands a worker and every layer
+//! names a turn by.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// A turn's primary key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, sqlx::Type)]
+#[sqlx(transparent)]
+pub struct TurnId(pub i64);
+
+impl fmt::Display for TurnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// States of the `turn_state` enum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[sqlx(type_name = "turn_state", rename_all = "lowercase")]
+#[serde(rename_all = "lowercase")]
+pub enum TurnState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Dead,
+}
+
+/// A turn this worker holds the lease for.
+#[derive(Debug, Clone)]
+pub struct ClaimedTurn {
+    pub id: TurnId,
+    pub session_id: String,
+    pub user_id: String,
+    pub character_id: i64,
+    pub message: String,
+    pub lane: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub fencing_token: i64,
+    pub owner: String,
+}
