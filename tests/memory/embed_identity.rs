@@ -10,8 +10,9 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::sessions::{import_session, POTTERY};
 use common::{db_url, e5, kvmem_command, minilm};
-use kvmem::memory::ingest::import::{self, ExtractMode};
+use kvmem::memory::ingest::import;
 use kvmem::memory::search::{self, HitKind, SearchRequest, SearchResponse};
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
@@ -56,36 +57,6 @@ fn e5_service(pool: &PgPool) -> MemoryService {
     service(pool, e5_embedder(), e5())
 }
 
-/// One session of `user`, message ids `{user}-{i}`, a minute apart on 2 March 2024.
-async fn import(svc: &MemoryService, user: &str, lines: &[(&str, &str)]) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("session.jsonl");
-    let rows: Vec<String> = lines
-        .iter()
-        .enumerate()
-        .map(|(i, (speaker, text))| {
-            serde_json::json!({"user_id": user, "session_id": format!("{user}-s1"),
-                "message_id": format!("{user}-{i}"), "speaker": speaker, "text": text,
-                "at": format!("2024-03-02T{:02}:{:02}:00Z", 10 + i / 60, i % 60)})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&file, rows.join("\n")).unwrap();
-    import::import_file(svc, &file, ExtractMode::None, true, false)
-        .await
-        .unwrap();
-}
-
-const POTTERY: &[(&str, &str)] = &[
-    ("Pri", "Morning! Did the plumber ever show up?"),
-    ("Dana", "He did, the sink is fixed. Finally."),
-    ("Pri", "How was the pottery class at Clayhouse on Saturday?"),
-    ("Dana", "Honestly amazing. Three bowls and a wonky mug."),
-    ("Pri", "Send pictures!!"),
-    ("Dana", "Later, I'm off to the gym."),
-    ("Pri", "My train is late again, the usual."),
-];
-
 fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
     SearchRequest {
         scope: Scope::user(user),
@@ -128,7 +99,7 @@ async fn a_search_compares_its_query_only_with_vectors_of_its_own_model(pool: Pg
     let new = e5_service(&pool);
     let (old_id, new_id) = (old.model_id().unwrap(), new.model_id().unwrap());
     assert_ne!(old_id, new_id, "two models, two ids");
-    import(&old, "dana", POTTERY).await;
+    import_session(&old, "dana", POTTERY).await;
     remember(&old, "dana", "Dana goes to a ceramics studio on weekends").await;
     let of = |sql| models(&pool, sql);
     assert_eq!(
@@ -214,7 +185,7 @@ async fn reindex_killed_midway_resumes_and_loses_nothing(pool: PgPool) {
         .iter()
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
-    import(&old, "dana", &borrowed).await;
+    import_session(&old, "dana", &borrowed).await;
     let new_id = e5_embedder().id.clone();
     let of_new = |pool: PgPool, id: String| async move {
         let n: i64 =
@@ -313,8 +284,8 @@ async fn a_switch_never_crosses_the_wall_between_users(pool: PgPool) {
         ),
         ("Dana", "I booked the lake cabin on the 2nd of March."),
     ];
-    import(&old, "alice", alice).await;
-    import(&old, "bob", bob).await;
+    import_session(&old, "alice", alice).await;
+    import_session(&old, "bob", bob).await;
     remember(&old, "bob", "Dana booked the lake cabin for March").await;
     import::reindex(&new, Some("bob"), false).await.unwrap();
     let alice_models = models(

@@ -8,3 +8,4 @@ mod character_memory;
 mod embed_identity;
 mod embedder;
 mod memory;
+mod sessions;

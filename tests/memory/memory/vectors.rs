@@ -1,6 +1,7 @@
 //! The vector legs: per-user statistics, the HNSW index, one embedder per process, spans and voices.
 
 use super::*;
+use crate::sessions::{import_session, POTTERY};
 
 /// BM25's statistics, the speakers a question can name and the neighbours of a hit are
 /// one user's own: another user's dialogue, however much of it shares the query's words,
@@ -188,40 +189,6 @@ async fn two_searches_and_a_turn_load_the_embedder_once_and_open_one_pool(pool: 
     assert_eq!(kvmem::memory::embed::loads(&path), 1);
     assert_eq!(kvmem::system::pools_opened(&url), 1);
 }
-
-/// Writes `lines` (speaker, text) as one session of `user` to a file and imports it.
-async fn import_session(
-    svc: &MemoryService,
-    user: &str,
-    lines: &[(&str, &str)],
-) -> import::ImportReport {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("session.jsonl");
-    let rows: Vec<String> = lines
-        .iter()
-        .enumerate()
-        .map(|(i, (speaker, text))| {
-            serde_json::json!({"user_id": user, "session_id": format!("{user}-s1"),
-                "message_id": format!("{user}-{i}"), "speaker": speaker, "text": text,
-                "at": format!("2024-03-02T10:{i:02}:00Z")})
-            .to_string()
-        })
-        .collect();
-    std::fs::write(&file, rows.join("\n")).unwrap();
-    import::import_file(svc, &file, ExtractMode::None, true, false)
-        .await
-        .unwrap()
-}
-
-const POTTERY: &[(&str, &str)] = &[
-    ("Pri", "Morning! Did the plumber ever show up?"),
-    ("Dana", "He did, the sink is fixed. Finally."),
-    ("Pri", "How was the pottery class at Clayhouse on Saturday?"),
-    ("Dana", "Honestly amazing. Three bowls and a wonky mug."),
-    ("Pri", "Send pictures!!"),
-    ("Dana", "Later, I'm off to the gym."),
-    ("Pri", "My train is late again, the usual."),
-];
 
 /// The import gives every message its span vector (the message and the four before it in
 /// its session, oldest first), and a turn that shares no word with the question is found
