@@ -7,8 +7,12 @@
 //! extractions per second), and checks that every turn ran exactly once either way.
 //! Run through `ops/bench-extract-load` (`--quick` to check it works).
 //!
-//! `cargo bench --bench extract_load -- [--quick] [--sessions N] [--period-s N]
-//! [--minutes F] [--order off-on|on-off] [--reply-tokens N]`
+//! With `--closed-loop` each session sends its next line as soon as its reply is done, so
+//! the worker is never idle for want of a turn: the chat rate it serves is its saturation
+//! rate, and the lane gets only the gaps between turns.
+//!
+//! `cargo bench --bench extract_load -- [--quick] [--closed-loop] [--sessions N]
+//! [--period-s N] [--minutes F] [--order off-on|on-off] [--reply-tokens N]`
 
 mod common;
 #[path = "extract_load/lane.rs"]
@@ -79,6 +83,8 @@ const LINES: &[&str] = &[
 
 struct Plan {
     quick: bool,
+    /// Sessions send on reply instead of on a clock (`period_s` is then unused).
+    closed_loop: bool,
     sessions: usize,
     period_s: f64,
     minutes: f64,
@@ -119,20 +125,28 @@ async fn main() -> Result<()> {
         "on-off" => vec![true, false],
         other => anyhow::bail!("--order {other}: off-on or on-off"),
     };
-    println!(
-        "## Extraction lane under steady chat: {} sessions, 1 message each every {} s, {:.1} min per phase ({:.2} msg/s; {}, replies <= {} tokens)\n",
-        plan.sessions,
-        plan.period_s,
-        plan.minutes,
-        plan.sessions as f64 / plan.period_s,
-        plan.model.file_name().unwrap_or_default().to_string_lossy(),
-        plan.reply_tokens,
-    );
+    let model = plan.model.file_name().unwrap_or_default().to_string_lossy();
+    if plan.closed_loop {
+        println!(
+            "## Extraction lane at saturation: {} sessions, each sending its next message when its reply is done, {:.1} min per phase ({model}, replies <= {} tokens)\n",
+            plan.sessions, plan.minutes, plan.reply_tokens,
+        );
+    } else {
+        println!(
+            "## Extraction lane under steady chat: {} sessions, 1 message each every {} s, {:.1} min per phase ({:.2} msg/s; {model}, replies <= {} tokens)\n",
+            plan.sessions,
+            plan.period_s,
+            plan.minutes,
+            plan.sessions as f64 / plan.period_s,
+            plan.reply_tokens,
+        );
+    }
     let mut rows = Vec::new();
     for lane in order {
         rows.push(run(&plan, lane).await?);
     }
     print_table(&rows);
+    print_backlogs(&rows);
     let ratio = latency_ratio(&rows);
     write_results(&plan, &rows, ratio)
 }
@@ -141,6 +155,7 @@ fn plan_from_args() -> Result<Plan> {
     let quick = std::env::args().any(|a| a == "--quick");
     let plan = Plan {
         quick,
+        closed_loop: std::env::args().any(|a| a == "--closed-loop"),
         sessions: parsed("--sessions", 2, 10, quick)?,
         period_s: parsed("--period-s", 3.0, 10.0, quick)?,
         minutes: parsed("--minutes", 40.0 / 60.0, 10.0, quick)?,
@@ -166,15 +181,16 @@ fn plan_from_args() -> Result<Plan> {
 }
 
 fn print_table(rows: &[Value]) {
-    println!("| lane | turns enq / done | turn p50 ms | turn p95 ms | turn max ms | mem jobs enq | done | queued at end | dropped | msgs extracted (in chat window) | extract msg/s (user msg/s in) | kept up |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("| lane | turns enq / done | turns/s | turn p50 ms | turn p95 ms | turn max ms | mem jobs enq | done | queued at end | dropped | msgs extracted (in chat window) | extract msg/s (user msg/s in) | kept up |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for r in rows {
         let on = r["lane"] == "on";
         println!(
-            "| {} | {} / {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} ({}) | {:.3} ({:.3}) | {} |",
+            "| {} | {} / {} | {:.3} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} ({}) | {:.3} ({:.3}) | {} |",
             r["lane"].as_str().unwrap_or(""),
             r["turns_enqueued"],
             r["turns_done"],
+            r["turns_per_s"].as_f64().unwrap_or(0.0),
             r["turn_ms"]["p50"].as_f64().unwrap_or(0.0),
             r["turn_ms"]["p95"].as_f64().unwrap_or(0.0),
             r["turn_ms"]["max"].as_f64().unwrap_or(0.0),
@@ -195,6 +211,23 @@ fn print_table(rows: &[Value]) {
                     DRAIN.as_secs()
                 ),
             },
+        );
+    }
+}
+
+/// The lane's backlog over each phase, every 30 s: a queue that only grows has not kept up.
+fn print_backlogs(rows: &[Value]) {
+    for r in rows {
+        let points: Vec<String> = r["backlog_every_30s"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| format!("{}s:{}/{}", p[0], p[1], p[2]))
+            .collect();
+        println!(
+            "\nlane {}: turns waiting / memory jobs queued, every 30 s: {}",
+            r["lane"].as_str().unwrap_or(""),
+            points.join(" ")
         );
     }
 }
@@ -235,7 +268,7 @@ fn write_results(plan: &Plan, rows: &[Value], ratio: Value) -> Result<()> {
             "suite": "extract_load",
             "plan": {
                 "quick": plan.quick, "sessions": plan.sessions, "period_s": plan.period_s,
-                "minutes": plan.minutes, "reply_tokens": plan.reply_tokens,
+                "minutes": plan.minutes, "closed_loop": plan.closed_loop, "reply_tokens": plan.reply_tokens,
                 "model": plan.model, "embedder": plan.embedder,
             },
             "phases": rows,
@@ -305,28 +338,14 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
     let mut worker = spawn_worker(plan, &url, kv.path(), lane)?;
     warm_up(&pool, &mut worker, warm_ch, lane).await?;
 
-    let events = schedule(plan);
     let t0 = db_now(&pool).await?;
     let start = Instant::now();
     let (stop, sampler) = sample_backlogs(pool.clone());
-    let mut ids = Vec::with_capacity(events.len());
-    let mut late_ms: f64 = 0.0;
-    for &(at, s, k) in &events {
-        let due = start + Duration::from_secs_f64(at);
-        tokio::time::sleep_until(due).await;
-        late_ms = late_ms.max(due.elapsed().as_secs_f64() * 1000.0);
-        worker.check_alive()?;
-        // Sessions start at different lines, so users do not all say the same thing.
-        let line = LINES[(s * 7 + k) % LINES.len()];
-        let id: i64 = sqlx::query_scalar("SELECT kvmem_enqueue_turn($1, $2, $3, $4)")
-            .bind(format!("s{s}"))
-            .bind(user(s))
-            .bind(chars[s])
-            .bind(line)
-            .fetch_one(&pool)
-            .await?;
-        ids.push(id);
-    }
+    let (ids, late_ms) = if plan.closed_loop {
+        (closed_loop(plan, &pool, &mut worker, &chars).await?, 0.0)
+    } else {
+        open_loop(plan, &pool, &mut worker, &chars).await?
+    };
     let schedule_s = start.elapsed().as_secs_f64();
     let total = ids.len() as i64;
     wait_turns(&pool, &mut worker, total).await?;
@@ -338,7 +357,7 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
         0.0
     };
     stop.store(true, Ordering::Relaxed);
-    let (max_turns_waiting, max_mem_queued) = sampler.await?;
+    let backlog = sampler.await?;
     drop(worker);
 
     check_invariants(&pool, &ids).await?;
@@ -359,11 +378,89 @@ async fn run(plan: &Plan, lane: bool) -> Result<Value> {
         "turns_enqueued": total, "turns_done": turn_ms.len(),
         "turn_ms": common::pcts(turn_ms),
         "user_msgs_per_s": total as f64 / plan.phase_s(),
+        // What the worker served while chat ran: in a closed loop, its saturation rate.
+        "turns_per_s": total as f64 / chat_window_s.max(1e-3),
         "schedule_s": schedule_s, "chat_s": chat_s, "drain_s": drain_s,
         "enqueue_late_max_ms": late_ms,
-        "max_turns_waiting": max_turns_waiting, "max_memory_queued": max_mem_queued,
+        "max_turns_waiting": backlog.max_turns, "max_memory_queued": backlog.max_jobs,
+        "backlog_every_30s": backlog.series,
         "memory": memory_json(memory, chat_window_s, lane),
     }))
+}
+
+/// Sends each session's line on the clock of [`schedule`]; returns the turn ids and how late
+/// the latest enqueue was.
+async fn open_loop(
+    plan: &Plan,
+    pool: &PgPool,
+    worker: &mut Worker,
+    chars: &[i64],
+) -> Result<(Vec<i64>, f64)> {
+    let events = schedule(plan);
+    let start = Instant::now();
+    let mut ids = Vec::with_capacity(events.len());
+    let mut late_ms: f64 = 0.0;
+    for &(at, s, k) in &events {
+        let due = start + Duration::from_secs_f64(at);
+        tokio::time::sleep_until(due).await;
+        late_ms = late_ms.max(due.elapsed().as_secs_f64() * 1000.0);
+        worker.check_alive()?;
+        ids.push(enqueue(pool, s, k, chars[s]).await?);
+    }
+    Ok((ids, late_ms))
+}
+
+/// Each session sends its next line once its last turn is done, until the phase's time is
+/// up; returns the turn ids. The worker always has a turn waiting, so what it serves is
+/// its saturation rate.
+async fn closed_loop(
+    plan: &Plan,
+    pool: &PgPool,
+    worker: &mut Worker,
+    chars: &[i64],
+) -> Result<Vec<i64>> {
+    let end = Instant::now() + Duration::from_secs_f64(plan.phase_s());
+    let mut sessions = tokio::task::JoinSet::new();
+    for (s, &ch) in chars.iter().enumerate() {
+        let pool = pool.clone();
+        sessions.spawn(async move {
+            let mut ids = Vec::new();
+            for k in 0.. {
+                if Instant::now() >= end {
+                    break;
+                }
+                let id = enqueue(&pool, s, k, ch).await?;
+                ids.push(id);
+                wait_turn(&pool, id).await?;
+            }
+            anyhow::Ok(ids)
+        });
+    }
+    let mut ids = Vec::new();
+    loop {
+        tokio::select! {
+            joined = sessions.join_next() => match joined {
+                Some(r) => ids.extend(r??),
+                None => break,
+            },
+            _ = tokio::time::sleep(Duration::from_secs(1)) => worker.check_alive()?,
+        }
+    }
+    Ok(ids)
+}
+
+async fn enqueue(pool: &PgPool, s: usize, k: usize, ch: i64) -> Result<i64> {
+    // Sessions start at different lines, so users do not all say the same thing.
+    let line = LINES[(s * 7 + k) % LINES.len()];
+    Ok(
+        sqlx::query_scalar("SELECT kvmem_enqueue_turn($1, $2, $3, $4)")
+            .bind(format!("s{s}"))
+            .bind(user(s))
+            .bind(ch)
+            .bind(line)
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 /// The phase's worker: the same settings both phases but the memory lane.

@@ -168,15 +168,28 @@ pub(super) async fn drain(pool: &PgPool, worker: &mut Worker) -> Result<f64> {
     }
 }
 
+/// The backlogs seen over a phase: peaks, and a sample every 30 s for the plot.
+pub(super) struct Backlog {
+    pub(super) max_turns: i64,
+    pub(super) max_jobs: i64,
+    /// `[seconds in, turns waiting, memory jobs queued]`.
+    pub(super) series: Vec<[i64; 3]>,
+}
+
 /// Samples, once a second until `stop`, the turns waiting for the worker and the memory
-/// jobs queued: the peaks say whether chat or the lane fell behind during the phase.
-pub(super) fn sample_backlogs(
-    pool: PgPool,
-) -> (Arc<AtomicBool>, tokio::task::JoinHandle<(i64, i64)>) {
+/// jobs queued: the peaks say whether chat or the lane fell behind during the phase, the
+/// series whether the lane's backlog grew without bound.
+pub(super) fn sample_backlogs(pool: PgPool) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Backlog>) {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let task = tokio::spawn(async move {
-        let mut peaks = (0i64, 0i64);
+        let start = Instant::now();
+        let mut b = Backlog {
+            max_turns: 0,
+            max_jobs: 0,
+            series: Vec::new(),
+        };
+        let mut next_point = 0;
         while !flag.load(Ordering::Relaxed) {
             let row: Result<(i64, i64), _> = sqlx::query_as(
                 "SELECT (SELECT count(*) FROM turns WHERE user_id <> $1 AND state = 'queued'),
@@ -186,13 +199,38 @@ pub(super) fn sample_backlogs(
             .fetch_one(&pool)
             .await;
             if let Ok((t, m)) = row {
-                peaks = (peaks.0.max(t), peaks.1.max(m));
+                b.max_turns = b.max_turns.max(t);
+                b.max_jobs = b.max_jobs.max(m);
+                let at = start.elapsed().as_secs() as i64;
+                if at >= next_point {
+                    b.series.push([at, t, m]);
+                    next_point = at + 30;
+                }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        peaks
+        b
     });
     (stop, task)
+}
+
+/// Waits for one turn to finish, as a chat client would before sending its next line.
+pub(super) async fn wait_turn(pool: &PgPool, id: i64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let state: String = sqlx::query_scalar("SELECT state::text FROM turns WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+        match state.as_str() {
+            "done" => return Ok(()),
+            "failed" | "dead" => anyhow::bail!("turn {id} ended {state}"),
+            _ => {}
+        }
+        ensure!(Instant::now() < deadline, "turn {id} not done in an hour");
+        // A client polling every 50 ms: the worker has other sessions' turns meanwhile.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// What load must never break: every enqueued turn done exactly once with one reply, in

@@ -58,13 +58,30 @@ def psql(url, *cmds):
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, PGOPTIONS="--client-min-messages=warning"))
 
 
-def kvmem_import(kvmem, url, chats):
+def kvmem_import(kvmem, url, chats, extract="none"):
     started = time.time()
-    out = subprocess.run([kvmem, "memory", "import", "--file", str(chats), "--extract", "none", "--json"],
+    out = subprocess.run([kvmem, "memory", "import", "--file", str(chats), "--extract", extract, "--json"],
                          check=True, capture_output=True, text=True, env=dict(os.environ, DATABASE_URL=url))
     report = json.loads(out.stdout)
     report["wall_seconds"] = time.time() - started
     return report
+
+
+def kvmem_extract(kvmem, url, model):
+    """Runs the memory lane over the queued extraction jobs, as a worker would, and counts
+    what it stored. Facts come back from search as hits carrying their source messages,
+    so a fact is a second key of the message it was read from."""
+    started = time.time()
+    subprocess.run([kvmem, "memory", "work"], check=True, stdout=subprocess.DEVNULL,
+                   env=dict(os.environ, DATABASE_URL=url, KVMEM_MEMORY_EXTRACT="true", KVMEM_MODEL_PATH=model))
+    out = subprocess.run(["psql", url, "-qAtX", "-c",
+                          "SELECT (SELECT count(*) FROM memories), "
+                          "(SELECT count(*) FROM memory_jobs WHERE state IN ('queued', 'running', 'dropped', 'failed'))"],
+                         check=True, capture_output=True, text=True)
+    facts, left = (int(x) for x in out.stdout.strip().split("|"))
+    if left:
+        raise SystemExit(f"{left} memory jobs not done after `kvmem memory work`")
+    return {"facts": facts, "extract_seconds": time.time() - started}
 
 
 def kvmem_search(kvmem, url, q):
@@ -177,8 +194,16 @@ def run_half(args, half, model):
         base = args.database_url.rsplit("/", 1)[0]
         psql(args.database_url, f"DROP DATABASE IF EXISTS {db}", f"CREATE DATABASE {db}")
         url = f"{base}/{db}"
-        rep = kvmem_import(args.kvmem, url, tmp / "chats.jsonl")
+        if args.extract == "llm":
+            # Every message of a conversation is queued at once: the per-user backlog cap,
+            # sized for live chat, would drop the oldest.
+            subprocess.run([args.kvmem, "migrate"], check=True, stdout=subprocess.DEVNULL,
+                           env=dict(os.environ, DATABASE_URL=url))
+            psql(url, "UPDATE kvmem_config SET value = '100000' WHERE key = 'memory_backlog_max'")
+        rep = kvmem_import(args.kvmem, url, tmp / "chats.jsonl", args.extract)
         info["import"] = {k: rep[k] for k in ("imported", "embedded", "seconds", "messages_per_second", "wall_seconds")}
+        if args.extract == "llm":
+            info["extract"] = kvmem_extract(args.kvmem, url, args.extract_model)
         per_q, foreign, lat = {}, 0, []
         with cf.ThreadPoolExecutor(args.jobs) as pool:
             for q, (ids, secs) in zip(questions, pool.map(lambda q: kvmem_search(args.kvmem, url, q), questions)):
@@ -212,7 +237,13 @@ def main():
     ap.add_argument("--minilm-dir", help="the wheel's model folder (config.json, vocab.txt, model.safetensors)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", help="per-question results as JSON")
+    ap.add_argument("--extract", choices=["none", "llm"], default="none",
+                    help="llm: import with --extract llm and run the lane's fact extraction before the questions")
+    ap.add_argument("--extract-model", default=os.environ.get("KVMEM_EVAL_EXTRACT_MODEL"),
+                    help="the extraction model (GGUF) for --extract llm; ops/memory-eval passes SmolLM2")
     args = ap.parse_args()
+    if args.extract == "llm" and not args.extract_model:
+        ap.error("--extract llm needs --extract-model")
     model = None
     if "embedder" in args.systems and args.minilm_dir:
         cache = pathlib.Path.home() / ".cache" / "kvmem" / "eval-minilm-vectors.json"
