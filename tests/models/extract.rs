@@ -315,6 +315,8 @@ struct Tally {
     /// Kept facts the message's own clauses give without the model, and how many are right.
     kept_rules: u32,
     kept_rules_ok: u32,
+    /// Messages whose own clauses gave a fact, so the model was not asked (rules first).
+    model_skipped: u32,
 }
 
 /// The labelled-set benchmark: messages per second through the extractor (skip rule
@@ -344,6 +346,7 @@ fn bench_extraction_on_labelled_sample() {
     if let Ok(n) = std::env::var("KVMEM_EXTRACT_MAX_TOKENS") {
         ex.max_tokens = n.parse().expect("KVMEM_EXTRACT_MAX_TOKENS is a number");
     }
+    ex.rules_first = std::env::var("KVMEM_EXTRACT_RULES_FIRST").is_ok_and(|v| v == "1");
     println!("{path} half {half:?}: {} messages", sample.len());
     // KVMEM_EXTRACT_BATCH=N: N user messages in a row per model call (the lane's batch).
     let batch: usize = std::env::var("KVMEM_EXTRACT_BATCH")
@@ -408,6 +411,9 @@ fn tally(t: &mut Tally, m: &Labelled, out: &Extraction) {
         .filter(|e| out.facts.iter().any(|f| matches(&f.text, e)))
         .count();
     t.truncated += out.truncated as u32;
+    // Neither skipped nor asked: the clauses answered alone (rules first).
+    t.model_skipped +=
+        (out.skipped.is_none() && out.raw.is_empty() && !out.facts.is_empty()) as u32;
     t.rejected.add(&out.rejected);
     println!(
         "#{:>3} {}: {}\n      skipped {:?} | raw {:?} | kept {:?} | rejected {:?}",
@@ -443,6 +449,10 @@ fn report(t: &Tally, secs: f64) {
         t.kept_rules_ok,
         t.kept - t.kept_rules,
         t.kept_ok - t.kept_rules_ok
+    );
+    println!(
+        "model not asked (rules first: the clauses gave a fact): {} messages",
+        t.model_skipped
     );
     println!(
         "labelled facts {}, found {}: recall {:.1}%",

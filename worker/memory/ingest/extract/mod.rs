@@ -46,6 +46,10 @@ pub struct Extractor {
     engine: Arc<Engine>,
     /// Token budget per message; see [`EXTRACT_MAX_TOKENS`].
     pub max_tokens: u32,
+    /// Skip the model when the message's own clauses already give a kept fact: faster,
+    /// and the facts the model alone finds in such a message are lost (ops/bench-extract
+    /// measures both with `KVMEM_EXTRACT_RULES_FIRST=1`).
+    pub rules_first: bool,
     /// Live turns need the cores: every decode step waits while this says so.
     busy: Option<Busy>,
 }
@@ -55,6 +59,7 @@ impl Extractor {
         Extractor {
             engine,
             max_tokens: EXTRACT_MAX_TOKENS,
+            rules_first: false,
             busy: None,
         }
     }
@@ -87,6 +92,14 @@ impl Extractor {
         if let Some(ex) = skipped(text) {
             return Ok(ex);
         }
+        let rule_lines = lines::clause_lines(speaker, text);
+        if self.rules_first {
+            let mut ex = postprocess(&rule_lines.join("\n"), speaker, text, false);
+            if !ex.facts.is_empty() {
+                ex.rule_lines = rule_lines;
+                return Ok(ex);
+            }
+        }
         let user = format!("{speaker}: {}", clean_text(text));
         let ask = Ask {
             system: LINES_SYSTEM,
@@ -95,7 +108,6 @@ impl Extractor {
             max_tokens: self.max_tokens,
         };
         let (raw, truncated) = self.generate(ctx, &ask)?;
-        let rule_lines = lines::clause_lines(speaker, text);
         let mut all = rule_lines.clone();
         all.extend(raw.lines().map(str::to_string));
         let mut ex = postprocess(&all.join("\n"), speaker, text, truncated);
