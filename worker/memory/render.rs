@@ -4,9 +4,9 @@
 use chrono::{DateTime, NaiveDate, TimeZone, Utc};
 use sqlx::PgPool;
 
+use super::error::{MemoryError, Result};
 use super::search::cards;
 use super::store::{self, Scope};
-use super::{MemoryError, Result};
 
 /// One message of the journal's day.
 #[derive(sqlx::FromRow)]

@@ -12,9 +12,10 @@ use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 
 use crate::memory::embed::{to_bytes, Role};
+use crate::memory::error::{MemoryError, Result};
 use crate::memory::search::{message_key, spans};
+use crate::memory::service::MemoryService;
 use crate::memory::store::embed_text;
-use crate::memory::{MemoryError, MemoryService, Result};
 
 /// Lines per transaction (and per embedding call group).
 const CHUNK: usize = 256;

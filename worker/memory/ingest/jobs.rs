@@ -9,12 +9,16 @@ use sqlx::PgPool;
 use crate::lane::{self, Claim, Job, Lane, Step};
 
 use crate::memory::embed::{self, Role};
+use crate::memory::error::{MemoryError, Result};
+use crate::memory::events::event;
+use crate::memory::extractor::ExtractedFact;
+use crate::memory::job::job_text;
 use crate::memory::notes::blob::rebuild_blob;
 use crate::memory::notes::todos;
 use crate::memory::notes::{about, lore};
 use crate::memory::search::{content_words, message_key, overlap, spans};
+use crate::memory::service::MemoryService;
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use crate::memory::{event, job_text, ExtractedFact, MemoryError, MemoryService, Result};
 
 /// A running memory job older than this is taken to be orphaned and is run again.
 pub const STALE_JOB_SECS: f64 = 300.0;

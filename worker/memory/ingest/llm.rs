@@ -8,8 +8,8 @@ use std::sync::Arc;
 use crate::engine::generate::WarmContext;
 use crate::engine::threads::{EngineThreads, ModelStartError, RunError};
 use crate::engine::{Busy, Engine, EngineParams};
+use crate::memory::extractor::{ExtractError, ExtractedFact, Extractor};
 use crate::memory::ingest::extract::{self, FactCandidate};
-use crate::memory::{ExtractError, ExtractedFact, Extractor};
 
 /// An extraction model on its own thread.
 pub struct LlmExtractor {

@@ -7,11 +7,12 @@
 
 use serde_json::json;
 
+use crate::memory::error::{MemoryError, Result};
 use crate::memory::notes::blob::{rebuild_blob, third_person};
 use crate::memory::search::content_words;
+use crate::memory::service::MemoryService;
 use crate::memory::store::filters::{check_fact, Verdict};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use crate::memory::{MemoryError, MemoryService, Result};
 
 /// How far back "the recent conversation" goes, in the user's messages.
 pub const WINDOW_MESSAGES: i64 = 20;
@@ -154,7 +155,7 @@ pub async fn remember_about(
 /// filters and names them, else the sentences rewritten. With it, how it was made and what
 /// the model proposed (and why it was not kept), for the job's result.
 async fn ask_the_model(
-    ex: std::sync::Arc<dyn crate::memory::Extractor>,
+    ex: std::sync::Arc<dyn crate::memory::extractor::Extractor>,
     name: &str,
     said: &[String],
     evidence: &str,

@@ -2,8 +2,9 @@
 //! third-person prose, rebuilt by every remember, forget and "remember this about X". Its
 //! own file because the lane and "remember this about X" both rebuild it.
 
+use crate::memory::error::Result;
+use crate::memory::service::MemoryService;
 use crate::memory::store::Scope;
-use crate::memory::{MemoryService, Result};
 
 /// Rewrites a first-person statement in the third person, deterministically ("I live in
 /// Lyon" -> "The user lives in Lyon" is beyond it; "my sister" -> "the user's sister" and

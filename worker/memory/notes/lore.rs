@@ -5,9 +5,12 @@
 
 use serde_json::json;
 
+use crate::memory::error::Result;
+use crate::memory::events::event;
+use crate::memory::job::job_text;
+use crate::memory::service::MemoryService;
 use crate::memory::store::filters::{check_fact, Verdict};
 use crate::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
-use crate::memory::{event, job_text, MemoryService, Result};
 
 /// Seed 002's confidence for a memory line.
 pub const LINE_CONFIDENCE: f32 = 0.72;

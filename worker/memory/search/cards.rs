@@ -7,10 +7,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::memory::error::Result;
 use crate::memory::search::{Hit, HitKind};
 use crate::memory::store::entities;
 use crate::memory::store::Scope;
-use crate::memory::Result;
 
 /// One card: `[person:john]: fact1; fact2; fact3`.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -1,7 +1,10 @@
 //! The extracted facts as hits: each scored by the request's ranker against the query,
 //! with the vectors a fact lacks filled in on the way.
 
-use super::super::{embed, store, MemoryService, Result};
+use super::super::embed;
+use super::super::error::Result;
+use super::super::service::MemoryService;
+use super::super::store;
 use super::rank::{self, Signals};
 use super::rows::channel_score;
 use super::types::{ranks, Hit, HitKind, SearchRequest, FACT_CANDIDATES, VECTOR_CANDIDATES};

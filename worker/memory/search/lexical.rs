@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
+use super::super::error::Result;
 use super::super::store::Scope;
-use super::super::Result;
 
 /// BM25's term-frequency saturation and length normalisation (the usual values).
 pub(super) const BM25_K1: f64 = 1.2;

@@ -5,7 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use pgvector::Vector;
 
-use super::super::{MemoryService, RankerKind, Result};
+use super::super::error::Result;
+use super::super::ranker::RankerKind;
+use super::super::service::MemoryService;
 use super::lexical::bm25_ids;
 use super::rank::{self, Signals};
 use super::rows::{channel_score, fetch_messages, MsgRow};

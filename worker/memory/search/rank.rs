@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use super::components::{Components, GATE_LEXICAL, GATE_SEMANTIC};
 use super::types::{Hit, HitKind};
-use crate::memory::RankerKind;
+use crate::memory::ranker::RankerKind;
 
 /// What every ranker may look at for one candidate. Lists (lexical, vector) are ranks
 /// among all candidates, 0 = best; `None` = not in that list.

@@ -9,7 +9,8 @@ use super::run::search;
 use super::types::{Hit, HitKind, SearchRequest};
 use super::words::message_key;
 use crate::memory::embed::{self, Role};
-use crate::memory::{MemoryService, Result};
+use crate::memory::error::Result;
+use crate::memory::service::MemoryService;
 
 /// Runs `req` and keeps the hits about its query alone: the embedder's related cosine
 /// between the query and the line embedded alone (as `shown` clips it for the turn), or

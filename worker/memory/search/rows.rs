@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use sqlx::PgPool;
 
-use super::super::Result;
+use super::super::error::Result;
 use super::types::ranks;
 
 pub(super) fn channel_score(want: Option<&str>, have: Option<&str>) -> f64 {

@@ -14,8 +14,10 @@ use super::voice::{self, first_person};
 use super::words::content_words;
 use super::{timeq, vector};
 use crate::memory::embed::Role;
+use crate::memory::error::{MemoryError, Result};
+use crate::memory::ranker::RankerKind;
+use crate::memory::service::MemoryService;
 use crate::memory::store::{self, Scope};
-use crate::memory::{MemoryError, MemoryService, RankerKind, Result};
 
 async fn reference_time(
     pool: &PgPool,

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use pgvector::Vector;
 
 use super::super::embed::{EmbedError, Keep, Role};
-use super::super::{MemoryError, MemoryService, Result};
+use super::super::error::{MemoryError, Result};
+use super::super::service::MemoryService;
 use super::types::SearchRequest;
 use super::vector::nearest;
 

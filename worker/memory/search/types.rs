@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use super::components::Components;
 use super::timeq::TimeWindow;
+use crate::memory::ranker::RankerKind;
 use crate::memory::store::Scope;
-use crate::memory::RankerKind;
 
 /// Candidates taken from each retriever before ranking.
 pub(super) const LEXICAL_CANDIDATES: i64 = 30;

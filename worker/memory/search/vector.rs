@@ -7,7 +7,8 @@ use pgvector::Vector;
 use sqlx::PgPool;
 
 use super::super::embed::{self, Role};
-use super::super::{MemoryService, Result};
+use super::super::error::Result;
+use super::super::service::MemoryService;
 use super::rows::MsgRow;
 use super::types::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
 use super::words::message_key;
@@ -205,7 +206,7 @@ pub(super) async fn store_backfill<V>(
         .execute(&svc.pool)
         .await;
     if let Err(e) = res {
-        super::super::event(&svc.pool, "memory_backfill_error", &e.to_string(), None).await;
+        super::super::events::event(&svc.pool, "memory_backfill_error", &e.to_string(), None).await;
     }
 }
 

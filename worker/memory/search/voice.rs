@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use sqlx::PgPool;
 
-use super::super::Result;
+use super::super::error::Result;
 
 /// The speaker of the user's dialogue that the query names, when it names exactly one
 /// (whole word, any case; naming both speakers of a dialogue prefers neither).

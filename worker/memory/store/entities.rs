@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::memory::{MemoryError, Result};
+use crate::memory::error::{MemoryError, Result};
 
 /// Seed 001's slug rules: lowercase, punctuation removed, spaces and hyphens become `_`.
 pub fn slug(name: &str) -> String {

@@ -6,7 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
-use super::{embed, MemoryError, Result};
+use super::embed;
+use super::error::{MemoryError, Result};
 
 pub mod entities;
 pub mod filters;

@@ -5,8 +5,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::memory::error::Result;
 use crate::memory::store::filters::{check_fact, dedup_key, Verdict};
-use crate::memory::Result;
 
 use super::detect::{close_score, closings, detect};
 
