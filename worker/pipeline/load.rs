@@ -5,9 +5,10 @@
 
 use tracing::{error, info, warn};
 
+use super::event::event;
 use super::history::{self, Recorded};
 use super::kv::{ColdSource, Start};
-use super::{event, Inputs, TurnPipeline};
+use super::{Inputs, TurnPipeline};
 use crate::engine::LLAMA_BUILD;
 use crate::snapshot::{self, Header, Loaded, SegKind, Snapshot};
 use crate::turn::{short_sha, ClaimedTurn, KvRecord, TurnError};

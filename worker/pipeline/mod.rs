@@ -7,6 +7,7 @@
 
 mod batch;
 pub mod commands;
+mod event;
 pub mod history;
 pub mod kv;
 mod load;
@@ -36,6 +37,7 @@ use crate::snapshot::{self, SnapshotStore};
 use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOutput};
+use event::event;
 use kv::{KvOutcome, Start, TurnJob, TurnRun};
 
 /// How long a finished turn waits at most for its reply's last delta to be published
@@ -461,18 +463,4 @@ fn base_prompt(s: &Settings, row: Option<&hud::HudRow>) -> String {
         .replace("{name}", name)
         .replace("{persona}", persona);
     digest::canonicalize(&text)
-}
-
-/// Records one of a turn's exceptional events; a failure to record is logged, not fatal.
-async fn event(pool: &PgPool, turn: &ClaimedTurn, kind: &str, detail: serde_json::Value) {
-    let r = sqlx::query(include_str!("../../sql/turn/event.sql"))
-        .bind(&turn.session_id)
-        .bind(turn.id.0)
-        .bind(kind)
-        .bind(detail)
-        .execute(pool)
-        .await;
-    if let Err(e) = r {
-        warn!(error = %e, kind, "event not recorded");
-    }
 }
