@@ -5,215 +5,207 @@
 
 use tracing::{error, info, warn};
 
+use super::event::event;
 use super::history::{self, Recorded};
 use super::kv::{ColdSource, Start};
-use super::{event, Inputs, TurnPipeline};
-use crate::engine::LLAMA_BUILD;
+use super::turn_ctx::TurnCtx;
+use crate::engine::{Engine, LLAMA_BUILD};
 use crate::snapshot::{self, Header, Loaded, SegKind, Snapshot};
-use crate::turn::{short_sha, ClaimedTurn, KvRecord, TurnError};
+use crate::turn::{short_sha, KvRecord, TurnError};
 
 /// The session's last committed turn and the fencing token its completion recorded.
 pub(super) type LastDone = Option<(i64, Option<i64>)>;
 
-impl TurnPipeline {
-    /// Where the turn's KV comes from, and why it starts cold when it does.
-    pub(super) async fn start(
-        &self,
-        turn: &ClaimedTurn,
-        scope: &str,
-        inputs: &Inputs,
-        last_done: LastDone,
-        file: Option<Loaded>,
-    ) -> Result<(Start, Option<String>), TurnError> {
-        let Some(file) = file else {
-            // The rollback path re-reads the dialogue text on every turn, by design.
-            let exchanges = history::recent(&self.db, &turn.session_id).await?;
-            let reason = "KV_ONLY_ENABLED=false".to_string();
-            return Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)));
-        };
-        match self.check_snapshot(turn, scope, last_done, file).await {
-            (Some(snap), _) => Ok((Start::Snapshot(snap), None)),
-            (None, reason) => {
-                let reason = reason.unwrap_or_else(|| "no snapshot".to_string());
-                self.cold_start(turn, inputs, last_done, reason).await
-            }
+/// Where the turn's KV comes from, and why it starts cold when it does. `base_prompt` is
+/// the turn's: a recorded dialogue is rebuilt exactly only if it starts with it.
+pub(super) async fn start(
+    cx: &TurnCtx<'_>,
+    base_prompt: &str,
+    last_done: LastDone,
+    file: Option<Loaded>,
+) -> Result<(Start, Option<String>), TurnError> {
+    let Some(file) = file else {
+        // The rollback path re-reads the dialogue text on every turn, by design.
+        let exchanges = history::recent(cx.db, &cx.turn.session_id).await?;
+        let reason = "KV_ONLY_ENABLED=false".to_string();
+        return Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)));
+    };
+    match check_snapshot(cx, last_done, file).await {
+        (Some(snap), _) => Ok((Start::Snapshot(snap), None)),
+        (None, reason) => {
+            let reason = reason.unwrap_or_else(|| "no snapshot".to_string());
+            cold_start(cx, base_prompt, last_done, reason).await
         }
     }
+}
 
-    /// A cold start: the recorded dialogue of the last committed turn when this engine can
-    /// decode it as recorded, else the text of `messages`, with the reason in `cold_reason`.
-    pub(super) async fn cold_start(
-        &self,
-        turn: &ClaimedTurn,
-        inputs: &Inputs,
-        last_done: LastDone,
-        reason: String,
-    ) -> Result<(Start, Option<String>), TurnError> {
-        let Some((last, _)) = last_done else {
-            // A first turn: there is no dialogue to rebuild.
-            return Ok((Start::Cold(ColdSource::Text(Vec::new())), Some(reason)));
-        };
-        let why_text = match history::recorded(&self.db, &turn.session_id).await? {
-            Some(Ok(recorded)) => match self.exact_fit(turn, inputs, last, recorded) {
-                Ok(record) => return Ok((Start::Cold(ColdSource::Exact(record)), Some(reason))),
-                Err(why) => why,
-            },
-            Some(Err(why)) => why.to_string(),
-            None => "no recorded KV dialogue".to_string(),
-        };
-        info!(%why_text, "cold start rebuilds the dialogue from its text");
-        let exchanges = history::recent(&self.db, &turn.session_id).await?;
-        let reason = format!("{reason}; text rebuild: {why_text}");
-        Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)))
+/// A cold start: the recorded dialogue of the last committed turn when this engine can
+/// decode it as recorded, else the text of `messages`, with the reason in `cold_reason`.
+pub(super) async fn cold_start(
+    cx: &TurnCtx<'_>,
+    base_prompt: &str,
+    last_done: LastDone,
+    reason: String,
+) -> Result<(Start, Option<String>), TurnError> {
+    let Some((last, _)) = last_done else {
+        // A first turn: there is no dialogue to rebuild.
+        return Ok((Start::Cold(ColdSource::Text(Vec::new())), Some(reason)));
+    };
+    let why_text = match history::recorded(cx.db, &cx.turn.session_id).await? {
+        Some(Ok(recorded)) => match exact_fit(cx, base_prompt, last, recorded) {
+            Ok(record) => return Ok((Start::Cold(ColdSource::Exact(record)), Some(reason))),
+            Err(why) => why,
+        },
+        Some(Err(why)) => why.to_string(),
+        None => "no recorded KV dialogue".to_string(),
+    };
+    info!(%why_text, "cold start rebuilds the dialogue from its text");
+    let exchanges = history::recent(cx.db, &cx.turn.session_id).await?;
+    let reason = format!("{reason}; text rebuild: {why_text}");
+    Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)))
+}
+
+/// The recorded dialogue, if this engine reproduces it token for token; else why not.
+fn exact_fit(
+    cx: &TurnCtx<'_>,
+    base_prompt: &str,
+    last: i64,
+    recorded: Recorded,
+) -> Result<KvRecord, String> {
+    let (engine, turn) = (cx.engine, cx.turn);
+    let record = recorded.record;
+    if recorded.turn_id != last {
+        // Turns committed without a record (the echo generator) leave an older one.
+        return Err(format!(
+            "the recorded dialogue is of turn {}, the last committed turn is {last}",
+            recorded.turn_id
+        ));
     }
-
-    /// The recorded dialogue, if this engine reproduces it token for token; else why not.
-    fn exact_fit(
-        &self,
-        turn: &ClaimedTurn,
-        inputs: &Inputs,
-        last: i64,
-        recorded: Recorded,
-    ) -> Result<KvRecord, String> {
-        let engine = self.engine();
-        let record = recorded.record;
-        if recorded.turn_id != last {
-            // Turns committed without a record (the echo generator) leave an older one.
-            return Err(format!(
-                "the recorded dialogue is of turn {}, the last committed turn is {last}",
-                recorded.turn_id
-            ));
-        }
-        if recorded.user_id != turn.user_id || recorded.character_id != turn.character_id {
-            return Err("the recorded dialogue belongs to another scope".to_string());
-        }
-        if record.model_sha != engine.model_sha {
-            return Err(format!(
-                "model changed: recorded with {}, this engine runs {}",
-                short_sha(&record.model_sha),
-                short_sha(&engine.model_sha)
-            ));
-        }
-        if record.token_ids.len() as u32 > self.settings.n_ctx {
-            return Err(format!(
-                "the recorded dialogue ({} tokens) exceeds N_CTX {}",
-                record.token_ids.len(),
-                self.settings.n_ctx
-            ));
-        }
-        let base: Vec<i32> = engine
-            .base_tokens(&inputs.base_prompt)
-            .iter()
-            .map(|t| t.0)
-            .collect();
-        let base_kept = record
-            .segments
-            .first()
-            .is_some_and(|s| s.kind == SegKind::Base && s.len as usize == base.len())
-            && record.token_ids.starts_with(&base);
-        if !base_kept {
-            return Err("base prompt changed".to_string());
-        }
-        Ok(record)
+    if recorded.user_id != turn.user_id || recorded.character_id != turn.character_id {
+        return Err("the recorded dialogue belongs to another scope".to_string());
     }
-
-    /// Reads the session's local snapshot file, or `None` on the rollback path, which never
-    /// reads one. The read needs nothing from the turn's other inputs, so it runs while they
-    /// are gathered; whether the file is current (else the object store's copy is read) and
-    /// may be trusted is decided after.
-    pub(super) async fn read_snapshot(&self, scope: &str) -> Option<snapshot::store::Read> {
-        if !self.settings.kv_only_enabled {
-            return None;
-        }
-        Some(self.store.read(scope).await)
+    if record.model_sha != engine.model_sha {
+        return Err(format!(
+            "model changed: recorded with {}, this engine runs {}",
+            short_sha(&record.model_sha),
+            short_sha(&engine.model_sha)
+        ));
     }
+    if record.token_ids.len() as u32 > cx.settings.n_ctx {
+        return Err(format!(
+            "the recorded dialogue ({} tokens) exceeds N_CTX {}",
+            record.token_ids.len(),
+            cx.settings.n_ctx
+        ));
+    }
+    let base: Vec<i32> = engine
+        .base_tokens(base_prompt)
+        .iter()
+        .map(|t| t.0)
+        .collect();
+    let base_kept = record
+        .segments
+        .first()
+        .is_some_and(|s| s.kind == SegKind::Base && s.len as usize == base.len())
+        && record.token_ids.starts_with(&base);
+    if !base_kept {
+        return Err("base prompt changed".to_string());
+    }
+    Ok(record)
+}
 
-    /// Checks the session's snapshot file. Any problem means a cold start, with the reason.
-    async fn check_snapshot(
-        &self,
-        turn: &ClaimedTurn,
-        scope: &str,
-        last_done: LastDone,
-        loaded: Loaded,
-    ) -> (Option<Box<Snapshot>>, Option<String>) {
-        let snap = match loaded {
-            Loaded::Missing => return (None, Some("no snapshot".into())),
-            Loaded::Unreadable(e) => {
-                error!(error = %e, "snapshot unreadable");
-                return (None, Some(format!("snapshot unreadable: {e}")));
-            }
-            Loaded::Corrupt { error, quarantined } => {
-                warn!(%error, quarantined = ?quarantined, "snapshot corrupt; quarantined");
-                event(
-                    &self.db,
-                    turn,
-                    "snapshot_quarantined",
-                    serde_json::json!({ "error": error.to_string(), "file": quarantined }),
-                )
-                .await;
-                return (None, Some(format!("corrupt snapshot: {error}")));
-            }
-            Loaded::Found(snap) => snap,
-        };
-        if let Some(reason) = self.foreign(&snap.header) {
-            // Valid, but made for another model, KV type, format or llama.cpp build: kept
-            // aside for inspection, and the session starts over on this engine.
-            let quarantined = self.store.quarantine(scope).await;
-            info!(%reason, quarantined = ?quarantined, "snapshot header mismatch; cold start");
+/// Reads the session's local snapshot file, or `None` on the rollback path, which never
+/// reads one. The read needs nothing from the turn's other inputs, so it runs while they
+/// are gathered; whether the file is current (else the object store's copy is read) and
+/// may be trusted is decided after.
+pub(super) async fn read_snapshot(cx: &TurnCtx<'_>) -> Option<snapshot::store::Read> {
+    if !cx.settings.kv_only_enabled {
+        return None;
+    }
+    Some(cx.store.read(cx.scope).await)
+}
+
+/// Checks the session's snapshot file. Any problem means a cold start, with the reason.
+async fn check_snapshot(
+    cx: &TurnCtx<'_>,
+    last_done: LastDone,
+    loaded: Loaded,
+) -> (Option<Box<Snapshot>>, Option<String>) {
+    let snap = match loaded {
+        Loaded::Missing => return (None, Some("no snapshot".into())),
+        Loaded::Unreadable(e) => {
+            error!(error = %e, "snapshot unreadable");
+            return (None, Some(format!("snapshot unreadable: {e}")));
+        }
+        Loaded::Corrupt { error, quarantined } => {
+            warn!(%error, quarantined = ?quarantined, "snapshot corrupt; quarantined");
             event(
-                &self.db,
-                turn,
+                cx.db,
+                cx.turn,
                 "snapshot_quarantined",
-                serde_json::json!({ "error": format!("header mismatch: {reason}"), "file": quarantined }),
+                serde_json::json!({ "error": error.to_string(), "file": quarantined }),
             )
             .await;
-            return (None, Some(format!("header mismatch: {reason}")));
+            return (None, Some(format!("corrupt snapshot: {error}")));
         }
-        if Some((snap.header.turn_id, Some(snap.header.fence))) != last_done {
-            // Normal after a crash between save and commit (the file is fine, just not
-            // current), and what a worker paused past its lease leaves behind: the same turn,
-            // another attempt's token. Only the committing attempt's KV matches `messages`.
-            let reason = format!(
-                "stale: snapshot holds turn {} (fence {}), last committed turn is {}",
-                snap.header.turn_id,
-                snap.header.fence,
-                match last_done {
-                    Some((id, Some(token))) => format!("{id} (fence {token})"),
-                    Some((id, None)) => format!("{id} (no fence recorded)"),
-                    None => "none".to_string(),
-                }
-            );
-            info!(%reason, "snapshot is not current; cold start");
-            return (None, Some(reason));
-        }
-        (Some(snap), None)
+        Loaded::Found(snap) => snap,
+    };
+    if let Some(reason) = foreign(cx.engine, cx.settings.kv_type.as_str(), &snap.header) {
+        // Valid, but made for another model, KV type, format or llama.cpp build: kept
+        // aside for inspection, and the session starts over on this engine.
+        let quarantined = cx.store.quarantine(cx.scope).await;
+        info!(%reason, quarantined = ?quarantined, "snapshot header mismatch; cold start");
+        event(
+            cx.db,
+            cx.turn,
+            "snapshot_quarantined",
+            serde_json::json!({ "error": format!("header mismatch: {reason}"), "file": quarantined }),
+        )
+        .await;
+        return (None, Some(format!("header mismatch: {reason}")));
     }
+    if Some((snap.header.turn_id, Some(snap.header.fence))) != last_done {
+        // Normal after a crash between save and commit (the file is fine, just not
+        // current), and what a worker paused past its lease leaves behind: the same turn,
+        // another attempt's token. Only the committing attempt's KV matches `messages`.
+        let reason = format!(
+            "stale: snapshot holds turn {} (fence {}), last committed turn is {}",
+            snap.header.turn_id,
+            snap.header.fence,
+            match last_done {
+                Some((id, Some(token))) => format!("{id} (fence {token})"),
+                Some((id, None)) => format!("{id} (no fence recorded)"),
+                None => "none".to_string(),
+            }
+        );
+        info!(%reason, "snapshot is not current; cold start");
+        return (None, Some(reason));
+    }
+    (Some(snap), None)
+}
 
-    /// Why a verified snapshot cannot be restored into this engine, if it cannot.
-    fn foreign(&self, h: &Header) -> Option<String> {
-        let engine = self.engine();
-        let kv = self.settings.kv_type.as_str();
-        if h.format_version != snapshot::FORMAT_VERSION {
-            Some(format!(
-                "format version {} != {}",
-                h.format_version,
-                snapshot::FORMAT_VERSION
-            ))
-        } else if h.model_sha != engine.model_sha {
-            Some(format!(
-                "model_sha {} != {}",
-                short_sha(&h.model_sha),
-                short_sha(&engine.model_sha)
-            ))
-        } else if h.type_k != kv || h.type_v != kv {
-            Some(format!("KV type {}/{} != {kv}", h.type_k, h.type_v))
-        } else if h.llama_build != LLAMA_BUILD {
-            Some(format!(
-                "llama.cpp build {} != {LLAMA_BUILD}",
-                h.llama_build
-            ))
-        } else {
-            None
-        }
+/// Why a verified snapshot cannot be restored into this engine, if it cannot.
+fn foreign(engine: &Engine, kv: &str, h: &Header) -> Option<String> {
+    if h.format_version != snapshot::FORMAT_VERSION {
+        Some(format!(
+            "format version {} != {}",
+            h.format_version,
+            snapshot::FORMAT_VERSION
+        ))
+    } else if h.model_sha != engine.model_sha {
+        Some(format!(
+            "model_sha {} != {}",
+            short_sha(&h.model_sha),
+            short_sha(&engine.model_sha)
+        ))
+    } else if h.type_k != kv || h.type_v != kv {
+        Some(format!("KV type {}/{} != {kv}", h.type_k, h.type_v))
+    } else if h.llama_build != LLAMA_BUILD {
+        Some(format!(
+            "llama.cpp build {} != {LLAMA_BUILD}",
+            h.llama_build
+        ))
+    } else {
+        None
     }
 }

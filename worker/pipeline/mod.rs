@@ -1,12 +1,14 @@
 //! Seed 000's turn pipeline on llama.cpp. [`TurnPipeline::run_turn`] reads as the seed's
 //! steps: gather the inputs (HUD, digest, and from the memory layers the context block,
-//! recall candidates and in-chat commands: [`recall`], [`commands`]), (1) load the KV,
-//! (2–4) prune, build the context and generate on an engine thread ([`kv`]), (5) save the
-//! snapshot. Step 6 is the runner's: the fenced completion, then
-//! [`TurnPipeline::after_turn`] rebuilds the digest.
+//! recall candidates and in-chat commands: [`recall`], [`commands`]), (1) load the KV
+//! (`load.rs`), (2–4) prune, build the context and generate on an engine thread ([`kv`]),
+//! (5) save the snapshot (`save.rs`). Step 6 is the runner's: the fenced completion, then
+//! [`TurnPipeline::after_turn`] rebuilds the digest. Steps 1 and 5 are plain functions
+//! over the turn's `TurnCtx`, not methods: this file alone holds `impl TurnPipeline`.
 
 mod batch;
 pub mod commands;
+mod event;
 pub mod history;
 pub mod kv;
 mod load;
@@ -14,6 +16,7 @@ pub mod memory_line;
 pub mod recall;
 pub mod reply_stream;
 mod save;
+mod turn_ctx;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -36,7 +39,9 @@ use crate::snapshot::{self, SnapshotStore};
 use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOutput};
+use event::event;
 use kv::{KvOutcome, Start, TurnJob, TurnRun};
+use turn_ctx::TurnCtx;
 
 /// How long a finished turn waits at most for its reply's last delta to be published
 /// (it is, long before the save is done; a stalled publisher must not hold a turn).
@@ -136,12 +141,13 @@ impl TurnPipeline {
         let turn_started = Instant::now();
         let mut log = KvLog::start(self.path(), &turn.session_id, s.n_ctx);
         let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
+        let cx = self.ctx(turn, &scope);
         // The inputs, the last committed turn and the snapshot file are independent reads:
         // together they take as long as the slowest, which is the time to first token.
         let (inputs, last_done, file) = tokio::join!(
             self.inputs(turn),
             crate::queue::last_done(&self.db, &turn.session_id),
-            self.read_snapshot(&scope),
+            load::read_snapshot(&cx),
         );
         let inputs = inputs?;
         let last_done = last_done
@@ -156,7 +162,8 @@ impl TurnPipeline {
             }
             None => (None, None),
         };
-        let (start, mut cold_reason) = self.start(turn, &scope, &inputs, last_done, file).await?;
+        let (start, mut cold_reason) =
+            load::start(&cx, &inputs.base_prompt, last_done, file).await?;
         if matches!(start, Start::Snapshot(_)) {
             log.kv_source = source.map(snapshot::Source::as_str);
         }
@@ -169,7 +176,8 @@ impl TurnPipeline {
         let stream = job.stream.clone();
         let mut outcome = self.generate(job.clone(), start, &abort, &log).await?;
         if let KvOutcome::Refused(why) = outcome {
-            let (start, reason) = self.cold_start(turn, &inputs, last_done, why).await?;
+            let (start, reason) =
+                load::cold_start(&cx, &inputs.base_prompt, last_done, why).await?;
             cold_reason = reason;
             outcome = self.generate(job, start, &abort, &log).await?;
         }
@@ -184,8 +192,7 @@ impl TurnPipeline {
         log.ttft_ms += before_engine_ms;
 
         // 5. Save the pruned KV, while the lease is still ours.
-        self.save_state(&mut log, &scope, turn, &run, &abort)
-            .await?;
+        save::save_state(&cx, &mut log, &run, &abort).await?;
         let run = *run;
         if let Some(stream) = &stream {
             // The commit's end message must not overtake the reply's last delta.
@@ -231,27 +238,17 @@ impl TurnPipeline {
         }
     }
 
-    /// Step 5: saves the run's pruned KV (when it exported one) while the lease is still
-    /// ours, and logs its size and time; a save the lease lost aborts the turn.
-    async fn save_state(
-        &self,
-        log: &mut KvLog,
-        scope: &str,
-        turn: &ClaimedTurn,
-        run: &TurnRun,
-        abort: &Arc<AtomicBool>,
-    ) -> Result<(), TurnError> {
-        let Some(state) = &run.state else {
-            return Ok(());
-        };
-        let saved_at = Instant::now();
-        log.kv_bytes = state.len() as u64;
-        log.bpt = (state.len() / run.token_ids.len().max(1)) as u32;
-        if !self.save(scope, turn, run, abort).await {
-            return Err(TurnError::Aborted);
+    /// Steps 1 and 5 (`load.rs`, `save.rs`) get only the parts of the pipeline they use,
+    /// so that they are plain functions that do not depend on `TurnPipeline`.
+    fn ctx<'a>(&'a self, turn: &'a ClaimedTurn, scope: &'a str) -> TurnCtx<'a> {
+        TurnCtx {
+            db: &self.db,
+            store: &self.store,
+            engine: self.engine(),
+            settings: &self.settings,
+            turn,
+            scope,
         }
-        log.save_ms = saved_at.elapsed().as_millis() as u64;
-        Ok(())
     }
 
     /// The character's HUD line and base prompt, the session's current digest, the context
@@ -461,18 +458,4 @@ fn base_prompt(s: &Settings, row: Option<&hud::HudRow>) -> String {
         .replace("{name}", name)
         .replace("{persona}", persona);
     digest::canonicalize(&text)
-}
-
-/// Records one of a turn's exceptional events; a failure to record is logged, not fatal.
-async fn event(pool: &PgPool, turn: &ClaimedTurn, kind: &str, detail: serde_json::Value) {
-    let r = sqlx::query(include_str!("../../sql/turn/event.sql"))
-        .bind(&turn.session_id)
-        .bind(turn.id.0)
-        .bind(kind)
-        .bind(detail)
-        .execute(pool)
-        .await;
-    if let Err(e) = r {
-        warn!(error = %e, kind, "event not recorded");
-    }
 }
