@@ -431,7 +431,9 @@ async fn closed_loop(
                 }
                 let id = enqueue(&pool, s, k, ch).await?;
                 ids.push(id);
-                wait_turn(&pool, id).await?;
+                // A client polling every 50 ms: the worker has other sessions' turns meanwhile.
+                let (hour, poll) = (Duration::from_secs(3600), Duration::from_millis(50));
+                common::wait_turn(&pool, id, hour, poll).await?;
             }
             anyhow::Ok(ids)
         });

@@ -439,19 +439,7 @@ async fn phase(
 }
 
 async fn wait_done(pool: &PgPool, id: i64) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let state: String = sqlx::query_scalar("SELECT state::text FROM turns WHERE id = $1")
-            .bind(id)
-            .fetch_one(pool)
-            .await?;
-        match state.as_str() {
-            "done" => return Ok(()),
-            "failed" | "dead" => anyhow::bail!("turn {id} {state}"),
-            _ if Instant::now() > deadline => anyhow::bail!("turn {id} not done in 5 minutes"),
-            _ => tokio::time::sleep(Duration::from_millis(5)).await,
-        }
-    }
+    common::wait_turn(pool, id, Duration::from_secs(300), Duration::from_millis(5)).await
 }
 
 fn print_phase(mut p: Phase) -> Value {

@@ -1,6 +1,8 @@
 //! What the benchmark binaries share: a fresh, migrated database per suite and the
 //! character their turns are addressed to.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Context, Result};
 use sqlx::{Connection, PgPool};
 
@@ -46,4 +48,25 @@ pub fn pcts(mut v: Vec<f64>) -> serde_json::Value {
         }
     };
     serde_json::json!({"p50": at(0.5), "p95": at(0.95), "max": at(1.0), "n": v.len()})
+}
+
+/// Waits for turn `id` to finish, polling every `poll` as a chat client would; fails if it
+/// ends failed or dead, or is not done `within`.
+#[allow(dead_code)] // not every bench waits on single turns
+pub async fn wait_turn(pool: &PgPool, id: i64, within: Duration, poll: Duration) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let state: String = sqlx::query_scalar("SELECT state::text FROM turns WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+        match state.as_str() {
+            "done" => return Ok(()),
+            "failed" | "dead" => anyhow::bail!("turn {id} ended {state}"),
+            _ if Instant::now() > deadline => {
+                anyhow::bail!("turn {id} not done in {} s", within.as_secs())
+            }
+            _ => tokio::time::sleep(poll).await,
+        }
+    }
 }

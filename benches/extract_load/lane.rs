@@ -214,25 +214,6 @@ pub(super) fn sample_backlogs(pool: PgPool) -> (Arc<AtomicBool>, tokio::task::Jo
     (stop, task)
 }
 
-/// Waits for one turn to finish, as a chat client would before sending its next line.
-pub(super) async fn wait_turn(pool: &PgPool, id: i64) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(3600);
-    loop {
-        let state: String = sqlx::query_scalar("SELECT state::text FROM turns WHERE id = $1")
-            .bind(id)
-            .fetch_one(pool)
-            .await?;
-        match state.as_str() {
-            "done" => return Ok(()),
-            "failed" | "dead" => anyhow::bail!("turn {id} ended {state}"),
-            _ => {}
-        }
-        ensure!(Instant::now() < deadline, "turn {id} not done in an hour");
-        // A client polling every 50 ms: the worker has other sessions' turns meanwhile.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// What load must never break: every enqueued turn done exactly once with one reply, in
 /// session order, never two turns of a session at once.
 pub(super) async fn check_invariants(pool: &PgPool, ids: &[i64]) -> Result<()> {

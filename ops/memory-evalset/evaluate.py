@@ -183,6 +183,13 @@ def run_half(args, half, model):
     build.export(half, tmp)
     chats = [json.loads(l) for l in (tmp / "chats.jsonl").read_text().splitlines()]
     questions = [json.loads(l) for l in (tmp / "questions.jsonl").read_text().splitlines()]
+    if args.conversations:
+        # The half's first N conversations in export order: a fixed rule, for runs too slow
+        # for the whole half (--extract llm).
+        keep = list(dict.fromkeys(m["user_id"] for m in chats))[: args.conversations]
+        chats = [m for m in chats if m["user_id"] in keep]
+        questions = [q for q in questions if q["user_id"] in keep]
+        (tmp / "chats.jsonl").write_text("".join(json.dumps(m) + "\n" for m in chats))
     docs = collections.defaultdict(list)
     for m in chats:
         docs[m["user_id"]].append((m["message_id"], m["text"]))
@@ -239,6 +246,7 @@ def main():
     ap.add_argument("--out", help="per-question results as JSON")
     ap.add_argument("--extract", choices=["none", "llm"], default="none",
                     help="llm: import with --extract llm and run the lane's fact extraction before the questions")
+    ap.add_argument("--conversations", type=int, help="only the half's first N conversations")
     ap.add_argument("--extract-model", default=os.environ.get("KVMEM_EVAL_EXTRACT_MODEL"),
                     help="the extraction model (GGUF) for --extract llm; ops/memory-eval passes SmolLM2")
     args = ap.parse_args()
