@@ -111,6 +111,18 @@ const PLAIN_ENV: &[&str] = &[
     "SUMMARY_MAX_TOKENS",
 ];
 
+/// The environment without any setting's variable, put back when the jail ends. Not
+/// `Jail::clear_env`: that takes `HOME` away from the tests running beside these too, and
+/// the memory embedder's default path is built from it.
+fn without_settings_env(jail: &mut Jail) {
+    for (key, _) in std::env::vars() {
+        if key.starts_with("KVMEM_") || PLAIN_ENV.contains(&key.as_str()) {
+            jail.set_env(&key, "");
+            std::env::remove_var(&key);
+        }
+    }
+}
+
 /// A TOML literal as JSON, read by figment's TOML parser rather than by the code tested.
 fn toml_value(literal: &str) -> Value {
     Figment::from(Toml::string(&format!("v = {literal}")))
@@ -156,7 +168,7 @@ fn only_case_differs(s: &Settings, base: &Settings, i: usize, how: &str) {
 #[test]
 fn every_flat_key_and_variable_lands_on_its_field() {
     Jail::expect_with(|jail| {
-        jail.clear_env();
+        without_settings_env(jail);
         let base = unchecked(Figment::new().merge(built_in()));
         for (i, (flat, literal, _)) in CASES.iter().enumerate() {
             let file = Toml::string(&format!("{flat} = {literal}"));
@@ -201,7 +213,7 @@ fn the_flat_layout_loads_whole() {
         }
     };
     Jail::expect_with(|jail| {
-        jail.clear_env();
+        without_settings_env(jail);
         jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
         jail.create_file("flat.toml", &flat_file)?;
         jail.set_env("KVMEM_ENV", "flat");
@@ -231,7 +243,7 @@ fn the_flat_layout_loads_whole() {
 #[test]
 fn precedence_holds_across_spellings() {
     Jail::expect_with(|jail| {
-        jail.clear_env();
+        without_settings_env(jail);
         let default = include_str!("../../config/default.toml");
         // A flat key ahead of the first section, as a file of the flat layout has them.
         jail.create_file(
@@ -281,7 +293,7 @@ fn precedence_holds_across_spellings() {
 #[test]
 fn the_sectioned_layout_loads() {
     Jail::expect_with(|jail| {
-        jail.clear_env();
+        without_settings_env(jail);
         jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
         jail.create_file(
             "s.toml",
@@ -303,7 +315,7 @@ fn the_sectioned_layout_loads() {
 #[test]
 fn one_setting_twice_in_a_layer_is_an_error() {
     Jail::expect_with(|jail| {
-        jail.clear_env();
+        without_settings_env(jail);
         jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
         jail.create_file(
             "both.toml",
@@ -334,7 +346,7 @@ fn the_ranker_is_an_enum_with_a_clear_error() {
     ];
     for (key, file) in bad {
         Jail::expect_with(|jail| {
-            jail.clear_env();
+            without_settings_env(jail);
             jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
             match file {
                 Some(text) => {
@@ -363,7 +375,7 @@ fn the_ranker_is_an_enum_with_a_clear_error() {
 #[test]
 fn unknown_keys_are_ignored() {
     Jail::expect_with(|jail| {
-        jail.clear_env();
+        without_settings_env(jail);
         jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
         jail.create_file("u.toml", "no_such_key = 1\n[memory]\nno_such = 2\n")?;
         jail.set_env("KVMEM_ENV", "u");
@@ -399,7 +411,7 @@ fn every_config_file_parses() {
         let path = entry.unwrap().path();
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         Jail::expect_with(|jail| {
-            jail.clear_env();
+            without_settings_env(jail);
             jail.set_env("KVMEM_ENV", &name);
             Settings::load_from(&config_dir()).map_err(|e| e.to_string())?;
             Ok(())
