@@ -1,6 +1,7 @@
 //! docs/configuration.md's table of settings is checked against the code, so the reference
-//! cannot drift: every field of `Settings` has one row, and each row's default, env var and
-//! per-profile values are what `config/` and the code give.
+//! cannot drift: every field of every section of `Settings` has one row, and each row's
+//! flat key, type, default, env var and per-profile values are what `config/` and the code
+//! give.
 
 use std::collections::BTreeMap;
 
@@ -8,24 +9,11 @@ use figment::providers::{Format, Toml};
 use figment::Figment;
 use serde_json::Value;
 
+use crate::config::keys::{self, Sectioned, FLAT_KEYS};
 use crate::config::Settings;
 
-const HEADER: &str = "| setting | type | default | env | demo | test | production |";
+const HEADER: &str = "| setting | flat key | type | default | env | demo | test | production |";
 const PROFILES: [&str; 3] = ["demo", "test", "production"];
-/// Read from the environment under their own names (the core specification's).
-const PLAIN_ENV: &[&str] = &[
-    "kv_only_enabled",
-    "kv_tail_tokens",
-    "n_ctx",
-    "reply_max_tokens",
-    "digest_max_tokens",
-    "hud_max_tokens",
-    "model_sha",
-    "kv_compress",
-    "database_url",
-    "memory_max_tokens",
-    "summary_max_tokens",
-];
 
 fn root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -44,7 +32,7 @@ fn reference() -> BTreeMap<String, Vec<String>> {
             .split('|')
             .map(|c| c.trim().trim_matches('`').to_string())
             .collect();
-        assert_eq!(cells.len(), 7, "a row with {} cells: {line}", cells.len());
+        assert_eq!(cells.len(), 8, "a row with {} cells: {line}", cells.len());
         let dup = rows.insert(cells[0].clone(), cells[1..].to_vec());
         assert!(dup.is_none(), "{} has two rows", cells[0]);
     }
@@ -52,19 +40,51 @@ fn reference() -> BTreeMap<String, Vec<String>> {
     rows
 }
 
-/// The fields of `Settings`, read from its definition (secrets are never serialized, so
-/// the struct's source is the one list that holds them all).
-fn fields() -> Vec<String> {
-    let src = std::fs::read_to_string(root().join("worker/config.rs")).expect("config.rs");
-    let body = src
-        .split("pub struct Settings {")
-        .nth(1)
-        .and_then(|rest| rest.split("\n}").next())
-        .expect("Settings' definition");
-    body.lines()
-        .filter_map(|l| l.trim().strip_prefix("pub "))
-        .filter_map(|l| l.split_once(':').map(|(name, _)| name.trim().to_string()))
+/// Every `section.field` of `Settings` with its type, read from the structs' definitions
+/// (secrets are never serialized, so the source is the one list that holds them all).
+fn fields() -> Vec<(String, String)> {
+    let src = std::fs::read_to_string(root().join("worker/config/settings.rs")).expect("source");
+    let members = |name: &str| -> Vec<(String, String)> {
+        let body = src
+            .split(&format!("pub struct {name} {{"))
+            .nth(1)
+            .and_then(|rest| rest.split("\n}").next())
+            .unwrap_or_else(|| panic!("{name}'s definition"));
+        body.lines()
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|l| l.split_once(':'))
+            .map(|(name, ty)| {
+                (
+                    name.trim().to_string(),
+                    ty.trim().trim_end_matches(',').to_string(),
+                )
+            })
+            .collect()
+    };
+    members("Settings")
+        .into_iter()
+        .flat_map(|(section, ty)| {
+            members(&ty)
+                .into_iter()
+                .map(move |(field, ty)| (format!("{section}.{field}"), ty))
+        })
         .collect()
+}
+
+/// A profile's file as `section.field` → value, read as the worker reads it (flat keys too).
+fn profile(name: &str) -> BTreeMap<String, Value> {
+    let file = root().join(format!("config/{name}.toml"));
+    let sections: BTreeMap<String, BTreeMap<String, Value>> =
+        Figment::from(Sectioned::file(Toml::file(&file)))
+            .extract()
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut set = BTreeMap::new();
+    for (section, fields) in sections {
+        for (field, value) in fields {
+            set.insert(format!("{section}.{field}"), value);
+        }
+    }
+    set
 }
 
 /// A cell written as TOML writes the value (`unset` for none).
@@ -92,53 +112,60 @@ fn same(a: &Value, b: &Value) -> bool {
 fn the_configuration_reference_matches_the_code() {
     let rows = reference();
     let fields = fields();
-    for f in &fields {
-        assert!(rows.contains_key(f), "{f} is not in docs/configuration.md");
+    for (f, ty) in &fields {
+        let row = rows
+            .get(f)
+            .unwrap_or_else(|| panic!("{f} is not in docs/configuration.md"));
+        assert_eq!(&row[1], ty, "{f}'s type");
     }
     for name in rows.keys() {
         assert!(
-            fields.contains(name),
+            fields.iter().any(|(f, _)| f == name),
             "docs/configuration.md names {name}, which the code has not"
         );
     }
     let defaults = serde_json::to_value(Settings::defaults()).expect("settings as JSON");
     for (name, cells) in &rows {
-        let env = if PLAIN_ENV.contains(&name.as_str()) {
-            name.to_uppercase()
-        } else {
-            format!("KVMEM_{}", name.to_uppercase())
-        };
-        assert_eq!(cells[2], env, "{name}'s environment variable");
+        let flat = FLAT_KEYS.iter().find(|(_, nested)| nested == name);
+        assert_eq!(
+            flat.map(|(f, _)| *f),
+            Some(cells[0].as_str()),
+            "{name}'s flat key"
+        );
+        assert_eq!(
+            Some(&cells[3]),
+            keys::env_var(name).as_ref(),
+            "{name}'s environment variable"
+        );
         // Secrets are never serialized: their default can only be unset.
-        let code = defaults.get(name).filter(|v| !v.is_null());
-        match (cell_value(&cells[1]), code) {
+        let code = defaults
+            .pointer(&format!("/{}", name.replace('.', "/")))
+            .filter(|v| !v.is_null());
+        match (cell_value(&cells[2]), code) {
             (None, None) => {}
             (Some(doc), Some(code)) if same(&doc, code) => {}
             (doc, code) => panic!("{name}: the reference says {doc:?}, the code {code:?}"),
         }
     }
-    for (i, profile) in PROFILES.iter().enumerate() {
-        let file = root().join(format!("config/{profile}.toml"));
-        let set: BTreeMap<String, Value> = Figment::from(Toml::file(&file))
-            .extract()
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-        for (name, cells) in &rows {
-            let doc = &cells[3 + i];
-            match set.get(name) {
-                None => assert!(doc.is_empty(), "{name}: {profile}.toml does not set it"),
+    for (i, name) in PROFILES.iter().enumerate() {
+        let set = profile(name);
+        for (setting, cells) in &rows {
+            let doc = &cells[4 + i];
+            match set.get(setting) {
+                None => assert!(doc.is_empty(), "{setting}: {name}.toml does not set it"),
                 Some(v) => {
                     let d = cell_value(doc).unwrap_or(Value::Null);
                     assert!(
                         same(&d, v),
-                        "{name} in {profile}.toml is {v}, the reference {doc:?}"
+                        "{setting} in {name}.toml is {v}, the reference {doc:?}"
                     );
                 }
             }
         }
-        for name in set.keys() {
+        for setting in set.keys() {
             assert!(
-                rows.contains_key(name),
-                "{profile}.toml sets {name}, not in the reference"
+                rows.contains_key(setting),
+                "{name}.toml sets {setting}, not in the reference"
             );
         }
     }

@@ -167,7 +167,7 @@ async fn migrate(settings: &Settings) -> Result<()> {
 
 async fn worker(args: WorkerArgs, mut settings: Settings) -> Result<()> {
     if let Some(c) = args.concurrency {
-        settings.concurrency = c;
+        settings.queue.concurrency = c;
     }
     run_worker(settings, args.generator, args.echo_delay_ms).await
 }
@@ -191,7 +191,7 @@ async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
 async fn digest(session: &str, store: bool, settings: &Settings) -> Result<()> {
     let pool = system::connect(settings, 1).await?;
     let tok = token_counter(settings).await?;
-    let max = settings.digest_max_tokens as usize;
+    let max = settings.turn.digest_max_tokens as usize;
     let built = if store {
         let metrics = kvmem::metrics::global();
         kvmem::context::digest::rebuild(&pool, session, max, tok.as_ref(), &metrics)
@@ -229,11 +229,11 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .with_context(|| format!("{listen} resolves to no address"))?;
     kvmem::http::check_exposure(&addr, &settings)?;
     let settings = Arc::new(settings);
-    let pool = system::database(&settings, settings.concurrency + 8).await?;
+    let pool = system::database(&settings, settings.queue.concurrency + 8).await?;
     let shutdown = shutdown_on_signal();
     let worker =
         in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
-    let model_sha = match &settings.model_path {
+    let model_sha = match &settings.engine.model_path {
         Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
         None => String::new(),
     };
@@ -272,9 +272,9 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
 
 async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
     let mut replay_settings = settings;
-    replay_settings.lanes = vec!["replay".into()];
+    replay_settings.queue.lanes = vec!["replay".into()];
     let settings = Arc::new(replay_settings);
-    let pool = system::database(&settings, settings.concurrency + 4).await?;
+    let pool = system::database(&settings, settings.queue.concurrency + 4).await?;
     let mut all = kvmem::cmd::replay::scenes_from_db(&pool, &args.session).await?;
     if let Some(path) = &args.scenes {
         all.extend(kvmem::cmd::replay::scenes_from_jsonl(path)?);
@@ -332,7 +332,7 @@ fn db_message(e: &queue::QueueError) -> String {
 
 /// The model's tokenizer when a model is configured, else the word counter.
 async fn token_counter(settings: &Settings) -> Result<Arc<dyn kvmem::context::tokens::TokenCount>> {
-    Ok(match &settings.model_path {
+    Ok(match &settings.engine.model_path {
         Some(_) => {
             system::load_model(settings).await? as Arc<dyn kvmem::context::tokens::TokenCount>
         }
@@ -366,9 +366,10 @@ async fn run_worker(settings: Settings, kind: GeneratorKind, echo_delay_ms: u64)
     // Signals first: a SIGTERM while connecting or loading the model is a clean exit too.
     let shutdown = shutdown_on_signal();
     let settings = Arc::new(settings);
-    let Some(pool) = system::database_when_ready(&settings, settings.concurrency + 4, &shutdown)
-        .await
-        .context("connecting and migrating before start")?
+    let Some(pool) =
+        system::database_when_ready(&settings, settings.queue.concurrency + 4, &shutdown)
+            .await
+            .context("connecting and migrating before start")?
     else {
         tracing::info!("stopped before the database was reachable");
         return Ok(());

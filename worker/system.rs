@@ -113,9 +113,13 @@ pub async fn database_when_ready(
 
 /// Loads the configured model off the async runtime, checking the pinned SHA if set.
 pub async fn load_model(settings: &Settings) -> Result<Arc<Engine>, SystemError> {
-    let path: PathBuf = settings.model_path.clone().ok_or(SystemError::NoModel)?;
+    let path: PathBuf = settings
+        .engine
+        .model_path
+        .clone()
+        .ok_or(SystemError::NoModel)?;
     let params = EngineParams::from_settings(settings);
-    let pinned = settings.model_sha.clone();
+    let pinned = settings.engine.model_sha.clone();
     let engine =
         tokio::task::spawn_blocking(move || Engine::load(&path, pinned.as_deref(), params))
             .await??;
@@ -152,15 +156,15 @@ pub fn deps(
         }
         Model::Llama(engine) => engine,
     };
-    let places = settings.engine_slots * settings.batch_sessions;
-    if settings.concurrency > places {
+    let places = settings.engine.slots * settings.engine.batch_sessions;
+    if settings.queue.concurrency > places {
         tracing::warn!(
             "concurrency above engine_slots x batch_sessions: extra turns wait for a free context"
         );
-    } else if settings.batch_sessions > 1 && settings.concurrency < places {
+    } else if settings.engine.batch_sessions > 1 && settings.queue.concurrency < places {
         tracing::warn!(
-            concurrency = settings.concurrency,
-            batch_sessions = settings.batch_sessions,
+            concurrency = settings.queue.concurrency,
+            batch_sessions = settings.engine.batch_sessions,
             "concurrency below engine_slots x batch_sessions: batches can never fill"
         );
     }
@@ -183,28 +187,29 @@ pub fn deps(
     })
 }
 
-/// The snapshot store the settings name: files in `kv_dir`, or an S3-compatible object
-/// store with `kv_dir` as the cache in front of it, counting into `metrics`.
+/// The snapshot store the settings name: files in `snapshot.dir`, or an S3-compatible object
+/// store with that folder as the cache in front of it, counting into `metrics`.
 fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStore, SystemError> {
     let limits = Limits {
-        max_tokens: settings.n_ctx,
+        max_tokens: settings.engine.n_ctx,
         // f32 K+V of a large model is well under 1 MiB per token.
-        max_state_bytes: settings.n_ctx as u64 * (1 << 20),
+        max_state_bytes: settings.engine.n_ctx as u64 * (1 << 20),
     };
-    match settings.snapshot_store {
-        SnapshotStoreKind::Local => Ok(SnapshotStore::local(&settings.kv_dir, limits)),
+    let snap = &settings.snapshot;
+    match snap.store {
+        SnapshotStoreKind::Local => Ok(SnapshotStore::local(&snap.dir, limits)),
         SnapshotStoreKind::S3 => {
             let config = snapshot::RemoteConfig {
-                endpoint: settings.s3_endpoint.clone(),
-                bucket: settings.s3_bucket.clone().unwrap_or_default(),
-                region: settings.s3_region.clone(),
-                access_key_id: settings.s3_access_key_id.clone(),
-                secret_access_key: settings.s3_secret_access_key.clone(),
-                prefix: settings.s3_prefix.clone(),
-                timeout: std::time::Duration::from_millis(settings.s3_timeout_ms),
-                cache_bytes: settings.kv_cache_bytes,
+                endpoint: snap.s3_endpoint.clone(),
+                bucket: snap.s3_bucket.clone().unwrap_or_default(),
+                region: snap.s3_region.clone(),
+                access_key_id: snap.s3_access_key_id.clone(),
+                secret_access_key: snap.s3_secret_access_key.clone(),
+                prefix: snap.s3_prefix.clone(),
+                timeout: std::time::Duration::from_millis(snap.s3_timeout_ms),
+                cache_bytes: snap.cache_bytes,
             };
-            SnapshotStore::remote(&settings.kv_dir, limits, &config, metrics.snapshot_cache())
+            SnapshotStore::remote(&snap.dir, limits, &config, metrics.snapshot_cache())
                 .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))
         }
     }
@@ -231,7 +236,7 @@ pub async fn memory_service(
 }
 
 /// The memory service a llama worker runs its memory lane with: the embedder, and the
-/// extraction model when `memory_extract` is on: the configured extraction model, or else
+/// extraction model when `memory.extract` is on: the configured extraction model, or else
 /// `chat_engine`, the chat model's weights shared with the turn pipeline (not loaded a
 /// second time). The model's thread pauses while `busy` says live turns need the cores. A
 /// model that fails to load is logged and left out (the lane still embeds), never fatal.
@@ -242,16 +247,16 @@ pub async fn memory_lane_service(
     busy: Option<Busy>,
 ) -> Result<MemoryService, MemoryError> {
     let svc = memory_service(pool, settings, true).await?;
-    if !settings.memory_extract {
+    if !settings.memory.extract {
         return Ok(svc);
     }
-    let own_path = settings.memory_extract_model_path.clone();
+    let own_path = settings.memory.extract_model_path.clone();
     let started = match (own_path, chat_engine) {
         (None, Some(engine)) => {
             tokio::task::spawn_blocking(move || LlmExtractor::start(engine, busy)).await
         }
         (path, _) => {
-            let Some(path) = path.or_else(|| settings.model_path.clone()) else {
+            let Some(path) = path.or_else(|| settings.engine.model_path.clone()) else {
                 tracing::warn!(
                     "memory_extract is on but no extraction or chat model is configured"
                 );
@@ -309,7 +314,7 @@ pub async fn summary_lane_service(
     chat_engine: Option<Arc<Engine>>,
     busy: Busy,
 ) -> SummaryService {
-    let shared = chat_engine.filter(|_| settings.summary_model_path.is_none());
+    let shared = chat_engine.filter(|_| settings.summary.model_path.is_none());
     let Some(engine) = shared else {
         return summary_service(pool, settings, Some(busy)).await;
     };

@@ -25,12 +25,12 @@ pub fn filter_directives(log_level: &str, rust_log: Option<&str>) -> String {
 pub fn init(settings: &Settings) {
     let rust_log = std::env::var("RUST_LOG").ok();
     let filter = EnvFilter::builder()
-        .parse_lossy(filter_directives(&settings.log_level, rust_log.as_deref()));
+        .parse_lossy(filter_directives(&settings.log.level, rust_log.as_deref()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    let _ = match settings.log_format {
+    let _ = match settings.log.format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Plain => builder.try_init(),
     };

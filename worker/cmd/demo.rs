@@ -94,7 +94,7 @@ impl Drop for DemoPg {
 }
 
 fn model_path(settings: &Settings) -> Result<PathBuf> {
-    if let Some(p) = &settings.model_path {
+    if let Some(p) = &settings.engine.model_path {
         return Ok(p.clone());
     }
     eprintln!("demo: fetching SmolLM2-135M-Instruct (ops/fetch-model)");
@@ -120,7 +120,7 @@ pub enum Scene {
 
 /// Runs the scene. Leaves nothing running: the worker stops, a cluster it started is removed.
 pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
-    let (_pg, url) = match settings.database_url.clone().filter(|u| !u.is_empty()) {
+    let (_pg, url) = match settings.db.url.clone().filter(|u| !u.is_empty()) {
         Some(url) => (None, url),
         None => {
             eprintln!("demo: DATABASE_URL unset; starting a throwaway Postgres");
@@ -129,18 +129,19 @@ pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
         }
     };
     let kv_dir = tempfile_dir()?;
-    let settings = settings.with(serde_json::json!({ "kv_dir": kv_dir, "database_url": url }))?;
+    let settings = settings
+        .with(serde_json::json!({ "snapshot": { "dir": kv_dir }, "db": { "url": url } }))?;
     let model = model_path(&settings)?;
-    let mut overrides = serde_json::json!({ "model_path": model });
+    let mut overrides = serde_json::json!({ "engine": { "model_path": model } });
     if scene == Scene::Memory {
         // The summary lane alone: extraction and embedding would share the two cores.
-        overrides["memory_lane"] = false.into();
-        overrides["summary_lane"] = true.into();
+        overrides["memory"] = serde_json::json!({ "lane": false });
+        overrides["summary"] = serde_json::json!({ "lane": true });
     }
     if scene == Scene::Recall {
         // The scene runs both lanes itself, on a simulated clock.
-        overrides["memory_lane"] = false.into();
-        overrides["summary_lane"] = false.into();
+        overrides["memory"] = serde_json::json!({ "lane": false });
+        overrides["summary"] = serde_json::json!({ "lane": false });
     }
     let settings = Arc::new(settings.with(overrides)?);
     let pool = crate::system::database(&settings, 8).await?;

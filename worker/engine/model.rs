@@ -58,20 +58,21 @@ pub struct EngineParams {
 impl EngineParams {
     pub fn from_settings(s: &Settings) -> EngineParams {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as i32);
+        let e = &s.engine;
         EngineParams {
-            n_ctx: s.n_ctx,
-            n_batch: s.n_batch.max(1),
-            n_threads: if s.n_threads == 0 {
+            n_ctx: e.n_ctx,
+            n_batch: e.n_batch.max(1),
+            n_threads: if e.n_threads == 0 {
                 cores
             } else {
-                s.n_threads as i32
+                e.n_threads as i32
             },
-            kv_type: s.kv_type,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            seed: s.sampling_seed,
-            repeat_penalty: s.repeat_penalty,
-            repeat_last_n: s.repeat_last_n,
+            kv_type: e.kv_type,
+            temperature: e.temperature,
+            top_p: e.top_p,
+            seed: e.sampling_seed,
+            repeat_penalty: e.repeat_penalty,
+            repeat_last_n: e.repeat_last_n,
         }
     }
 }

@@ -97,14 +97,14 @@ pub(super) async fn chat(
         .as_str()
         .ok_or_else(|| ApiError::bad_request("message content must be a string"))?;
     let timeout = match header(&headers, "x-timeout-ms") {
-        None => state.settings.http_timeout_ms,
+        None => state.settings.http.timeout_ms,
         Some(v) => v
             .trim()
             .parse::<u64>()
             .map_err(|_| {
                 ApiError::bad_request("X-Timeout-Ms must be a whole number of milliseconds")
             })?
-            .min(state.settings.http_max_timeout_ms),
+            .min(state.settings.http.max_timeout_ms),
     };
     let key = header(&headers, "idempotency-key");
 

@@ -53,7 +53,7 @@ pub(super) async fn rotate_hint(
         }
     };
     let s = &state.settings;
-    let path = snapshot::FileStore::new(&s.kv_dir, Limits::LOOSE)
+    let path = snapshot::FileStore::new(&s.snapshot.dir, Limits::LOOSE)
         .path(&snapshot::scope_key(&user, character, &sid));
     let header = std::fs::read(&path).ok().and_then(|bytes| {
         snapshot::parse_header(&bytes, Limits::LOOSE)
@@ -67,7 +67,7 @@ pub(super) async fn rotate_hint(
             .fetch_optional(&state.pool)
             .await?;
     // A next turn adds its user message and reply; the HUD is removed again.
-    let next_turn = last_user.unwrap_or(32).max(0) as u32 + s.reply_max_tokens;
+    let next_turn = last_user.unwrap_or(32).max(0) as u32 + s.turn.reply_max_tokens;
     let digest: Option<(String, chrono::DateTime<chrono::Utc>)> =
         sqlx::query_as(include_str!("../../sql/http/digest_state.sql"))
             .bind(&sid)
@@ -82,9 +82,9 @@ pub(super) async fn rotate_hint(
         "sid": sid,
         "snapshot": header.is_some(),
         "tokens_in_kv": tokens,
-        "kv_tail_tokens": s.kv_tail_tokens,
+        "kv_tail_tokens": s.turn.kv_tail_tokens,
         "next_turn_tokens_estimate": next_turn,
-        "will_prune": header.is_some() && tokens + next_turn > s.kv_tail_tokens,
+        "will_prune": header.is_some() && tokens + next_turn > s.turn.kv_tail_tokens,
         "digest_version": digest.as_ref().map(|d| d.0.clone()),
         "kv_digest_version": header.as_ref().map(|h| h.digest_version.clone()),
         "digest_changed_since_kv": match (&digest, &header) {

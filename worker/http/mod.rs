@@ -43,7 +43,7 @@ pub use state::AppState;
 /// The routes, behind the bearer token (when configured), the in-flight limit and the
 /// body size limit.
 pub fn router(state: AppState) -> Router {
-    let in_flight = Arc::new(Semaphore::new(state.settings.http_max_in_flight as usize));
+    let in_flight = Arc::new(Semaphore::new(state.settings.http.max_in_flight as usize));
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/rotate-hint", get(rotate_hint))
@@ -54,13 +54,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/memory/refresh", post(memory_refresh))
         .route("/v1/memory/summary", get(memory_summary))
         .route("/v1/memory/todos", get(memory_todos))
-        .layer(DefaultBodyLimit::max(state.settings.http_max_body_bytes))
+        .layer(DefaultBodyLimit::max(state.settings.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
         .with_state(state)
 }
 
-/// Refuses at once beyond `http_max_in_flight` requests: a client retrying on 503 is
+/// Refuses at once beyond `http.max_in_flight` requests: a client retrying on 503 is
 /// better served than one waiting in an unbounded queue of held connections.
 async fn limit_in_flight(
     State(in_flight): State<Arc<Semaphore>>,
@@ -80,7 +80,7 @@ async fn limit_in_flight(
 
 /// `Authorization: Bearer <KVMEM_HTTP_TOKEN>` on every route when a token is configured.
 async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(token) = state.settings.http_token.as_deref() else {
+    let Some(token) = state.settings.http.token.as_deref() else {
         return next.run(request).await;
     };
     let given = header(request.headers(), "authorization");
@@ -111,7 +111,8 @@ pub fn check_exposure(
     settings: &Settings,
 ) -> Result<(), ExposureError> {
     let has_token = settings
-        .http_token
+        .http
+        .token
         .as_deref()
         .is_some_and(|t| !t.trim().is_empty());
     if addr.ip().is_loopback() || has_token {

@@ -17,18 +17,19 @@ pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiE
         .fetch_optional(&state.pool)
         .await?;
     let mut config = serde_json::to_value(s.as_ref()).unwrap_or(Value::Null);
+    // The database section holds only the URL, which may carry a password.
     if let Some(obj) = config.as_object_mut() {
-        obj.remove("database_url");
+        obj.remove("db");
     }
     Ok(Json(json!({
         "service": "kvmem",
         "version": env!("CARGO_PKG_VERSION"),
         "model_sha": state.model_sha,
-        "model_path": s.model_path,
+        "model_path": s.engine.model_path,
         "llama_build": crate::engine::LLAMA_BUILD,
         "snapshot_format": format!("{} v{}", snapshot::MAGIC, snapshot::FORMAT_VERSION),
-        "kv_type_k": s.kv_type.as_str(),
-        "kv_type_v": s.kv_type.as_str(),
+        "kv_type_k": s.engine.kv_type.as_str(),
+        "kv_type_v": s.engine.kv_type.as_str(),
         "bpt": bpt,
         "config": config,
     }))

@@ -30,15 +30,15 @@ impl MemoryConfig {
     pub fn from_settings(s: &Settings) -> Result<MemoryConfig> {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as i32);
         Ok(MemoryConfig {
-            embed_model_path: s.memory_embed_model_path.clone(),
-            ranker: RankerKind::parse(&s.memory_ranker)?,
-            keep_user: i64::from(s.memory_keep_user),
-            keep_lore: i64::from(s.memory_keep_lore),
-            exact_search_max: i64::from(s.memory_exact_search_max),
-            n_threads: if s.n_threads == 0 {
+            embed_model_path: s.memory.embed_model_path.clone(),
+            ranker: RankerKind::parse(s.memory.ranker.as_str())?,
+            keep_user: i64::from(s.memory.keep_user),
+            keep_lore: i64::from(s.memory.keep_lore),
+            exact_search_max: i64::from(s.memory.exact_search_max),
+            n_threads: if s.engine.n_threads == 0 {
                 cores
             } else {
-                s.n_threads as i32
+                s.engine.n_threads as i32
             },
         })
     }

@@ -91,11 +91,11 @@ fn exact_fit(
             short_sha(&engine.model_sha)
         ));
     }
-    if record.token_ids.len() as u32 > cx.settings.n_ctx {
+    if record.token_ids.len() as u32 > cx.settings.engine.n_ctx {
         return Err(format!(
             "the recorded dialogue ({} tokens) exceeds N_CTX {}",
             record.token_ids.len(),
-            cx.settings.n_ctx
+            cx.settings.engine.n_ctx
         ));
     }
     let base: Vec<i32> = engine
@@ -119,7 +119,7 @@ fn exact_fit(
 /// are gathered; whether the file is current (else the object store's copy is read) and
 /// may be trusted is decided after.
 pub(super) async fn read_snapshot(cx: &TurnCtx<'_>) -> Option<snapshot::store::Read> {
-    if !cx.settings.kv_only_enabled {
+    if !cx.settings.turn.kv_only_enabled {
         return None;
     }
     Some(cx.store.read(cx.scope).await)
@@ -150,7 +150,7 @@ async fn check_snapshot(
         }
         Loaded::Found(snap) => snap,
     };
-    if let Some(reason) = foreign(cx.engine, cx.settings.kv_type.as_str(), &snap.header) {
+    if let Some(reason) = foreign(cx.engine, cx.settings.engine.kv_type.as_str(), &snap.header) {
         // Valid, but made for another model, KV type, format or llama.cpp build: kept
         // aside for inspection, and the session starts over on this engine.
         let quarantined = cx.store.quarantine(cx.scope).await;

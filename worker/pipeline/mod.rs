@@ -89,8 +89,8 @@ impl TurnPipeline {
     ) -> Result<TurnPipeline, EngineError> {
         let engines = Arc::new(EnginePool::start(
             engine,
-            settings.engine_slots,
-            settings.batch_sessions,
+            settings.engine.slots,
+            settings.engine.batch_sessions,
         )?);
         // Writers killed mid-save leave per-process temp files that nothing else removes.
         match store
@@ -99,10 +99,10 @@ impl TurnPipeline {
         {
             Ok(0) => {}
             Ok(n) => {
-                tracing::info!(removed = n, dir = %settings.kv_dir.display(), "removed stale snapshot temp files")
+                tracing::info!(removed = n, dir = %settings.snapshot.dir.display(), "removed stale snapshot temp files")
             }
             Err(e) => {
-                tracing::warn!(error = %e, dir = %settings.kv_dir.display(), "could not sweep snapshot temp files")
+                tracing::warn!(error = %e, dir = %settings.snapshot.dir.display(), "could not sweep snapshot temp files")
             }
         }
         Ok(TurnPipeline {
@@ -124,7 +124,7 @@ impl TurnPipeline {
 
     /// The `path=` this pipeline logs.
     pub fn path(&self) -> TurnPath {
-        if self.settings.kv_only_enabled {
+        if self.settings.turn.kv_only_enabled {
             TurnPath::KvOnly
         } else {
             TurnPath::Rollback
@@ -139,7 +139,7 @@ impl TurnPipeline {
     ) -> Result<TurnOutput, TurnError> {
         let s = &self.settings;
         let turn_started = Instant::now();
-        let mut log = KvLog::start(self.path(), &turn.session_id, s.n_ctx);
+        let mut log = KvLog::start(self.path(), &turn.session_id, s.engine.n_ctx);
         let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
         let cx = self.ctx(turn, &scope);
         // The inputs, the last committed turn and the snapshot file are independent reads:
@@ -224,13 +224,13 @@ impl TurnPipeline {
             digest: inputs.digest.clone(),
             context: inputs.context.clone(),
             recall: inputs.recalled.items.clone(),
-            recall_max: s.memory_max_tokens,
+            recall_max: s.memory.max_tokens,
             user: turn.message.clone(),
             reply_prefix: inputs.reply_prefix.clone(),
-            tail: s.kv_tail_tokens,
-            reply_max: s.reply_max_tokens,
-            export: s.kv_only_enabled,
-            stream: s.stream_deltas.then(|| {
+            tail: s.turn.kv_tail_tokens,
+            reply_max: s.turn.reply_max_tokens,
+            export: s.turn.kv_only_enabled,
+            stream: s.turn.stream_deltas.then(|| {
                 self.publisher
                     .get_or_init(|| Publisher::spawn(self.db.clone()))
                     .target(turn.id.0, turn.fencing_token, &turn.session_id)
@@ -265,7 +265,7 @@ impl TurnPipeline {
                 _ => (String::new(), Vec::new()),
             };
             let recalled = match memory {
-                Some(svc) if s.memory_max_tokens > 0 => {
+                Some(svc) if s.memory.max_tokens > 0 => {
                     recall::gather(svc, turn, &turn.message).await
                 }
                 _ => recall::Recalled::default(),
@@ -277,14 +277,14 @@ impl TurnPipeline {
             digest::current(
                 &self.db,
                 &turn.session_id,
-                s.digest_max_tokens as usize,
+                s.turn.digest_max_tokens as usize,
                 tok,
                 &self.metrics,
             ),
             self.context(turn),
             memory,
         );
-        let hud = hud::line_or_minimal(&hud_row, s.hud_max_tokens as usize, tok);
+        let hud = hud::line_or_minimal(&hud_row, s.turn.hud_max_tokens as usize, tok);
         let base_prompt = base_prompt(s, hud_row.as_ref().ok().and_then(|r| r.as_ref()));
         Ok(Inputs {
             base_prompt,
@@ -299,7 +299,7 @@ impl TurnPipeline {
 
     /// The context block from what the summary lane stored, within SUMMARY_MAX_TOKENS.
     async fn context(&self, turn: &ClaimedTurn) -> Result<recall::ContextBlock, TurnError> {
-        let max = self.settings.summary_max_tokens as usize;
+        let max = self.settings.summary.max_tokens as usize;
         if max == 0 {
             return Ok(recall::ContextBlock::default());
         }
@@ -339,7 +339,7 @@ impl TurnPipeline {
     ) -> Result<KvOutcome, TurnError> {
         let abort = abort.clone();
         let ran = if self.engines.batch_sessions() > 1 {
-            let wait = std::time::Duration::from_millis(self.settings.batch_wait_ms);
+            let wait = std::time::Duration::from_millis(self.settings.engine.batch_wait_ms);
             self.batcher
                 .get_or_init(|| {
                     batch::Batcher::start(self.engines.clone(), wait, self.metrics.clone())
@@ -377,7 +377,7 @@ impl TurnPipeline {
             cold_reason.or_else(|| Some("no snapshot".to_string()))
         };
         log.tokens_loaded = run.tokens_loaded;
-        log.tokens_in_kv = if self.settings.kv_only_enabled {
+        log.tokens_in_kv = if self.settings.turn.kv_only_enabled {
             run.token_ids.len() as u32
         } else {
             0
@@ -424,7 +424,7 @@ impl TurnPipeline {
         if let Err(e) = digest::rebuild(
             &self.db,
             &turn.session_id,
-            self.settings.digest_max_tokens as usize,
+            self.settings.turn.digest_max_tokens as usize,
             tok,
             &self.metrics,
         )
@@ -440,8 +440,8 @@ impl TurnPipeline {
         tasks.spawn(digest::run_rebuilder(
             self.db.clone(),
             tok,
-            self.settings.digest_max_tokens as usize,
-            std::time::Duration::from_millis(self.settings.poll_ms.max(100)),
+            self.settings.turn.digest_max_tokens as usize,
+            std::time::Duration::from_millis(self.settings.queue.poll_ms.max(100)),
             self.metrics.clone(),
             shutdown,
         ));
@@ -454,6 +454,7 @@ fn base_prompt(s: &Settings, row: Option<&hud::HudRow>) -> String {
         (r.name.as_str(), r.persona.as_str())
     });
     let text = s
+        .turn
         .base_prompt
         .replace("{name}", name)
         .replace("{persona}", persona);

@@ -29,9 +29,9 @@ pub(super) async fn fetch_loop(
     shutdown: CancellationToken,
 ) {
     let settings = deps.settings.clone();
-    let capacity = settings.claim_batch.max(settings.concurrency) as usize;
+    let capacity = settings.queue.claim_batch.max(settings.queue.concurrency) as usize;
     let affinity = deps.generator.claim_affinity();
-    let poll = Duration::from_millis(settings.poll_ms);
+    let poll = Duration::from_millis(settings.queue.poll_ms);
     let mut waiting: VecDeque<(ClaimedTurn, LeaseKeeper)> = VecDeque::new();
     let mut running: JoinSet<queue::Result<Outcome>> = JoinSet::new();
     let freed = Arc::new(Notify::new());
@@ -53,7 +53,7 @@ pub(super) async fn fetch_loop(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let generating = settings.concurrency as usize - slots.available_permits();
+        let generating = settings.queue.concurrency as usize - slots.available_permits();
         let want = capacity.saturating_sub(generating + waiting.len());
         // With a prefetch, top up in halves: claiming every freed place on its own would
         // turn one batched claim into a statement per turn.
@@ -62,8 +62,8 @@ pub(super) async fn fetch_loop(
             let claimed = queue::claim_preferring(
                 &deps.pool,
                 &deps.worker_id,
-                settings.lease_ms,
-                &settings.lanes,
+                settings.queue.lease_ms,
+                &settings.queue.lanes,
                 want as u32,
                 affinity,
             )

@@ -32,9 +32,9 @@ pub struct Deps {
 impl Deps {
     pub(super) fn timing(&self) -> QueueTiming {
         QueueTiming {
-            lease_ms: self.settings.lease_ms,
-            backoff_base_ms: self.settings.backoff_base_ms,
-            backoff_max_ms: self.settings.backoff_max_ms,
+            lease_ms: self.settings.queue.lease_ms,
+            backoff_base_ms: self.settings.queue.backoff_base_ms,
+            backoff_max_ms: self.settings.queue.backoff_max_ms,
         }
     }
 }
@@ -84,8 +84,8 @@ impl Generator {
                 tasks.spawn(crate::context::digest::run_rebuilder(
                     deps.pool.clone(),
                     Arc::new(crate::context::tokens::WordCount),
-                    deps.settings.digest_max_tokens as usize,
-                    Duration::from_millis(deps.settings.poll_ms.max(100)),
+                    deps.settings.turn.digest_max_tokens as usize,
+                    Duration::from_millis(deps.settings.queue.poll_ms.max(100)),
                     deps.metrics.clone(),
                     shutdown,
                 ));
@@ -98,10 +98,11 @@ impl Generator {
     /// preference buys. With local snapshots every worker of the host reads the same files.
     pub fn claim_affinity(&self) -> Option<Duration> {
         match self {
-            Generator::Llama(pipeline)
-                if pipeline.settings.claim_affinity && pipeline.store.remote_url().is_some() =>
-            {
-                Some(Duration::from_millis(pipeline.settings.affinity_wait_ms))
+            Generator::Llama(pipeline) => {
+                let queue = &pipeline.settings.queue;
+                let remote = pipeline.store.remote_url().is_some();
+                (queue.claim_affinity && remote)
+                    .then(|| Duration::from_millis(queue.affinity_wait_ms))
             }
             _ => None,
         }
@@ -122,7 +123,7 @@ async fn echo(
     delay: Duration,
     abort: &AtomicBool,
 ) -> Result<TurnOutput, TurnError> {
-    let mut log = KvLog::start(TurnPath::Echo, &turn.session_id, deps.settings.n_ctx);
+    let mut log = KvLog::start(TurnPath::Echo, &turn.session_id, deps.settings.engine.n_ctx);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }

@@ -25,8 +25,8 @@ use crate::summary::SummaryService;
 pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: CancellationToken) {
     let memory = memory_service(&deps, &slots).await;
     let summary = summary_service(&deps, &slots).await;
-    let all = deps.settings.concurrency as usize;
-    let rest = Duration::from_millis(deps.settings.poll_ms.max(100));
+    let all = deps.settings.queue.concurrency as usize;
+    let rest = Duration::from_millis(deps.settings.queue.poll_ms.max(100));
     while !shutdown.is_cancelled() {
         let idle = slots.available_permits() == all;
         let worked = idle && {
@@ -43,7 +43,7 @@ pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: Canc
 }
 
 async fn memory_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<MemoryService> {
-    if !deps.settings.memory_lane {
+    if !deps.settings.memory.lane {
         return None;
     }
     let busy = Some(turns_busy(deps, slots));
@@ -59,7 +59,7 @@ async fn memory_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<MemorySer
 /// The summary service, its model thread paused while any of this worker's turns holds a
 /// slot: a summary already running gives way within one decode step.
 async fn summary_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<SummaryService> {
-    if !deps.settings.summary_lane {
+    if !deps.settings.summary.lane {
         return None;
     }
     let busy = turns_busy(deps, slots);
@@ -76,6 +76,6 @@ fn chat_engine(deps: &Deps) -> Option<Arc<Engine>> {
 
 /// True while any of this worker's turns holds a slot.
 fn turns_busy(deps: &Deps, slots: &Arc<Semaphore>) -> Busy {
-    let (slots, all) = (slots.clone(), deps.settings.concurrency as usize);
+    let (slots, all) = (slots.clone(), deps.settings.queue.concurrency as usize);
     Arc::new(move || slots.available_permits() < all)
 }

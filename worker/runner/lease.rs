@@ -36,15 +36,15 @@ impl LeaseKeeper {
         );
         tokio::spawn(async move {
             let abort = abort2;
-            let beat = Duration::from_millis(settings.heartbeat_ms);
-            let grace = Duration::from_millis(settings.shutdown_grace_ms);
+            let beat = Duration::from_millis(settings.queue.heartbeat_ms);
+            let grace = Duration::from_millis(settings.queue.shutdown_grace_ms);
             let grace_over = async {
                 shutdown.cancelled().await;
                 tokio::time::sleep(grace).await;
             };
             tokio::pin!(grace_over);
             // Until when the lease is surely ours: the claim's expiry, then each heartbeat's.
-            let lease = Duration::from_millis(settings.lease_ms);
+            let lease = Duration::from_millis(settings.queue.lease_ms);
             let mut held_until = tokio::time::Instant::now() + lease;
             loop {
                 tokio::select! {
@@ -56,7 +56,7 @@ impl LeaseKeeper {
                     _ = tokio::time::sleep(beat) => {}
                 }
                 let beat_started = tokio::time::Instant::now();
-                match queue::heartbeat(&pool, &turn, settings.lease_ms).await {
+                match queue::heartbeat(&pool, &turn, settings.queue.lease_ms).await {
                     Ok(true) => held_until = beat_started + lease,
                     Ok(false) => {
                         warn!(turn_id = %turn.id, "lease lost; aborting the turn");

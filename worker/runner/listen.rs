@@ -53,7 +53,7 @@ async fn listen_once(
 }
 
 pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let every = Duration::from_millis(deps.settings.reaper_ms);
+    let every = Duration::from_millis(deps.settings.queue.reaper_ms);
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
@@ -66,7 +66,9 @@ pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: Cancellation
             Ok(_) => {}
             Err(e) => warn!(error = %e, "reaper failed"),
         }
-        if let Err(e) = queue::trim_events(&deps.pool, deps.settings.events_retention_hours).await {
+        if let Err(e) =
+            queue::trim_events(&deps.pool, deps.settings.queue.events_retention_hours).await
+        {
             warn!(error = %e, "event retention failed");
         }
         if let Err(e) = crate::stream::trim(&deps.pool).await {

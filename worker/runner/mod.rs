@@ -42,7 +42,7 @@ pub enum WorkerError {
     TaskDied(String),
 }
 
-/// Runs the worker until `shutdown`: `settings.concurrency` turns at a time, claimed in
+/// Runs the worker until `shutdown`: `settings.queue.concurrency` turns at a time, claimed in
 /// batches and committed in groups. Returns an error, after stopping everything, if any
 /// of its tasks ends before `shutdown`.
 pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerError> {
@@ -60,12 +60,12 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerEr
         .spawn_background(&deps, &mut tasks, shutdown.clone());
     let (completer, committing) = commit::Completer::spawn(
         deps.pool.clone(),
-        deps.settings.complete_batch as usize,
+        deps.settings.queue.complete_batch as usize,
         wake.clone(),
         deps.metrics.clone(),
     );
-    let slots = Arc::new(Semaphore::new(deps.settings.concurrency as usize));
-    let lanes_on = deps.settings.memory_lane || deps.settings.summary_lane;
+    let slots = Arc::new(Semaphore::new(deps.settings.queue.concurrency as usize));
+    let lanes_on = deps.settings.memory.lane || deps.settings.summary.lane;
     if matches!(deps.generator, Generator::Llama(_)) && lanes_on {
         tasks.spawn(lanes::idle_lanes(
             deps.clone(),
@@ -82,9 +82,9 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerEr
     ));
     info!(
         worker_id = %deps.worker_id,
-        concurrency = deps.settings.concurrency,
-        claim_batch = deps.settings.claim_batch,
-        complete_batch = deps.settings.complete_batch,
+        concurrency = deps.settings.queue.concurrency,
+        claim_batch = deps.settings.queue.claim_batch,
+        complete_batch = deps.settings.queue.complete_batch,
         "worker started"
     );
     let mut died = None;

@@ -39,8 +39,8 @@ pub async fn process_next_turn(
     let Some(turn) = queue::claim(
         &deps.pool,
         &deps.worker_id,
-        deps.settings.lease_ms,
-        &deps.settings.lanes,
+        deps.settings.queue.lease_ms,
+        &deps.settings.queue.lanes,
     )
     .await?
     else {
@@ -134,7 +134,11 @@ async fn finish_err(deps: &Deps, turn: &ClaimedTurn, err: TurnError) -> queue::R
     let mut log = err
         .log()
         .unwrap_or_else(|| {
-            KvLog::start(deps.generator.path(), &turn.session_id, deps.settings.n_ctx)
+            KvLog::start(
+                deps.generator.path(),
+                &turn.session_id,
+                deps.settings.engine.n_ctx,
+            )
         })
         .failed(&message);
     log.finish();

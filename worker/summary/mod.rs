@@ -69,11 +69,12 @@ impl SummaryConfig {
     pub fn from_settings(s: &Settings) -> SummaryConfig {
         SummaryConfig {
             model_path: s
-                .summary_model_path
+                .summary
+                .model_path
                 .clone()
-                .or_else(|| s.model_path.clone()),
-            max_attempts: s.summary_max_attempts.max(1),
-            cache_capacity: s.summary_cache_capacity.max(1),
+                .or_else(|| s.engine.model_path.clone()),
+            max_attempts: s.summary.max_attempts.max(1),
+            cache_capacity: s.summary.cache_capacity.max(1),
             rolling_max_tokens: 160,
             session_max_tokens: 480,
             spine_max_tokens: 420,

@@ -80,7 +80,7 @@ pub enum MemoryCommand {
         /// Search what was known and valid at this time (RFC 3339).
         #[arg(long)]
         as_of: Option<String>,
-        /// hybrid | weighted | recency-importance | lexical | vector (default: memory_ranker).
+        /// hybrid | weighted | recency-importance | lexical | vector (default: memory.ranker).
         #[arg(long)]
         ranker: Option<String>,
         /// Strict mode: only hits that pass the relevance gate.
@@ -367,7 +367,7 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
 }
 
 /// `kvmem memory work`: the lane exactly as a worker runs it (the extraction model loaded
-/// when `memory_extract` is on). Jobs that ask for extraction and find no model here stay
+/// when `memory.extract` is on). Jobs that ask for extraction and find no model here stay
 /// queued, and the count says so.
 async fn work(pool: PgPool, settings: &Settings) -> Result<()> {
     let svc = crate::system::memory_lane_service(pool, settings, None, None).await?;

@@ -1,0 +1,214 @@
+//! The settings were one flat list of keys (`memory_ranker`) before they had sections
+//! (`memory.ranker`); files and environment variables written for the flat list keep
+//! working because every layer is read through [`Sectioned`], which moves each flat key to
+//! its section before figment merges the layers.
+
+use figment::value::{Dict, Map, Value};
+use figment::{Error, Metadata, Profile, Provider};
+
+/// Seed 000's variables (and issue 15's budgets, named like them), read from the
+/// environment under their exact names; every key also reads `KVMEM_<KEY>`.
+pub const SEED_VARS: &[&str] = &[
+    "KV_ONLY_ENABLED",
+    "KV_TAIL_TOKENS",
+    "N_CTX",
+    "REPLY_MAX_TOKENS",
+    "DIGEST_MAX_TOKENS",
+    "HUD_MAX_TOKENS",
+    "MODEL_SHA",
+    "KV_COMPRESS",
+    "DATABASE_URL",
+    "MEMORY_MAX_TOKENS",
+    "SUMMARY_MAX_TOKENS",
+];
+
+/// Every setting's flat key (the TOML key before sections, and the environment variable's
+/// name) and its `section.field`.
+pub const FLAT_KEYS: &[(&str, &str)] = &[
+    ("kv_only_enabled", "turn.kv_only_enabled"),
+    ("kv_tail_tokens", "turn.kv_tail_tokens"),
+    ("reply_max_tokens", "turn.reply_max_tokens"),
+    ("digest_max_tokens", "turn.digest_max_tokens"),
+    ("hud_max_tokens", "turn.hud_max_tokens"),
+    ("base_prompt", "turn.base_prompt"),
+    ("stream_deltas", "turn.stream_deltas"),
+    ("model_path", "engine.model_path"),
+    ("model_sha", "engine.model_sha"),
+    ("n_ctx", "engine.n_ctx"),
+    ("kv_type", "engine.kv_type"),
+    ("n_threads", "engine.n_threads"),
+    ("n_batch", "engine.n_batch"),
+    ("engine_slots", "engine.slots"),
+    ("batch_sessions", "engine.batch_sessions"),
+    ("batch_wait_ms", "engine.batch_wait_ms"),
+    ("temperature", "engine.temperature"),
+    ("top_p", "engine.top_p"),
+    ("sampling_seed", "engine.sampling_seed"),
+    ("repeat_penalty", "engine.repeat_penalty"),
+    ("repeat_last_n", "engine.repeat_last_n"),
+    ("kv_dir", "snapshot.dir"),
+    ("kv_compress", "snapshot.compress"),
+    ("snapshot_store", "snapshot.store"),
+    ("s3_endpoint", "snapshot.s3_endpoint"),
+    ("s3_bucket", "snapshot.s3_bucket"),
+    ("s3_region", "snapshot.s3_region"),
+    ("s3_access_key_id", "snapshot.s3_access_key_id"),
+    ("s3_secret_access_key", "snapshot.s3_secret_access_key"),
+    ("s3_prefix", "snapshot.s3_prefix"),
+    ("s3_timeout_ms", "snapshot.s3_timeout_ms"),
+    ("kv_cache_bytes", "snapshot.cache_bytes"),
+    ("database_url", "db.url"),
+    ("concurrency", "queue.concurrency"),
+    ("claim_batch", "queue.claim_batch"),
+    ("complete_batch", "queue.complete_batch"),
+    ("lease_ms", "queue.lease_ms"),
+    ("heartbeat_ms", "queue.heartbeat_ms"),
+    ("poll_ms", "queue.poll_ms"),
+    ("reaper_ms", "queue.reaper_ms"),
+    ("backoff_base_ms", "queue.backoff_base_ms"),
+    ("backoff_max_ms", "queue.backoff_max_ms"),
+    ("shutdown_grace_ms", "queue.shutdown_grace_ms"),
+    ("lanes", "queue.lanes"),
+    ("events_retention_hours", "queue.events_retention_hours"),
+    ("claim_affinity", "queue.claim_affinity"),
+    ("affinity_wait_ms", "queue.affinity_wait_ms"),
+    ("http_timeout_ms", "http.timeout_ms"),
+    ("http_token", "http.token"),
+    ("http_max_body_bytes", "http.max_body_bytes"),
+    ("http_max_in_flight", "http.max_in_flight"),
+    ("http_max_timeout_ms", "http.max_timeout_ms"),
+    ("log_format", "log.format"),
+    ("log_level", "log.level"),
+    ("memory_embed_model_path", "memory.embed_model_path"),
+    ("memory_ranker", "memory.ranker"),
+    ("memory_lane", "memory.lane"),
+    ("memory_extract", "memory.extract"),
+    ("memory_extract_model_path", "memory.extract_model_path"),
+    ("memory_max_tokens", "memory.max_tokens"),
+    ("memory_keep_user", "memory.keep_user"),
+    ("memory_exact_search_max", "memory.exact_search_max"),
+    ("memory_keep_lore", "memory.keep_lore"),
+    ("summary_lane", "summary.lane"),
+    ("summary_model_path", "summary.model_path"),
+    ("summary_max_attempts", "summary.max_attempts"),
+    ("summary_max_tokens", "summary.max_tokens"),
+    ("summary_cache_capacity", "summary.cache_capacity"),
+];
+
+/// The environment variable that sets the setting at `section.field`, as the docs name it:
+/// a seed variable's plain name, else `KVMEM_<FLAT KEY>`.
+pub fn env_var(nested: &str) -> Option<String> {
+    let flat = FLAT_KEYS.iter().find(|(_, n)| *n == nested)?.0;
+    let plain = flat.to_ascii_uppercase();
+    Some(match SEED_VARS.contains(&plain.as_str()) {
+        true => plain,
+        false => format!("KVMEM_{plain}"),
+    })
+}
+
+/// The flat keys, as the list `Env::only` takes: the environment is read for these names
+/// only, so an unrelated `KVMEM_` variable is ignored as it was before the sections.
+pub fn flat_keys() -> Vec<&'static str> {
+    FLAT_KEYS.iter().map(|(flat, _)| *flat).collect()
+}
+
+/// One layer read in either spelling and handed on in the sectioned one. Within a layer a
+/// setting may be given once: a flat key and its `section.field` both set is an error
+/// (which one was meant cannot be told); across layers the later one wins as always.
+pub struct Sectioned<P> {
+    inner: P,
+    /// `Some(prefix)` for an environment layer: its keys are named as variables.
+    env_prefix: Option<&'static str>,
+    data: Result<Map<Profile, Dict>, Error>,
+    /// The flat keys this layer used, so an error names the key as it was written.
+    flat_seen: Vec<&'static str>,
+}
+
+impl<P: Provider> Sectioned<P> {
+    /// A file or serialized layer.
+    pub fn file(inner: P) -> Self {
+        Self::read(inner, None)
+    }
+
+    /// An environment layer whose variables are `prefix` and the flat key, upper-cased.
+    pub fn env(inner: P, prefix: &'static str) -> Self {
+        Self::read(inner, Some(prefix))
+    }
+
+    // Read at once, so the interpolater knows which keys were flat before figment asks.
+    fn read(inner: P, env_prefix: Option<&'static str>) -> Self {
+        let mut flat_seen = Vec::new();
+        let data = match inner.data() {
+            Ok(profiles) => profiles
+                .into_iter()
+                .map(|(p, dict)| Ok((p, sectioned(dict, &mut flat_seen)?)))
+                .collect::<Result<_, String>>()
+                .map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        Sectioned {
+            inner,
+            env_prefix,
+            data,
+            flat_seen,
+        }
+    }
+}
+
+impl<P: Provider> Provider for Sectioned<P> {
+    fn metadata(&self) -> Metadata {
+        let (prefix, seen) = (self.env_prefix, self.flat_seen.clone());
+        self.inner
+            .metadata()
+            .interpolater(move |_: &Profile, path: &[&str]| written(path, prefix, &seen))
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, Error> {
+        self.data.clone()
+    }
+
+    fn profile(&self) -> Option<Profile> {
+        self.inner.profile()
+    }
+}
+
+/// `dict` with every flat key moved into its section.
+fn sectioned(mut dict: Dict, seen: &mut Vec<&'static str>) -> Result<Dict, String> {
+    for &(flat, nested) in FLAT_KEYS {
+        let Some(value) = dict.remove(flat) else {
+            continue;
+        };
+        let (section, field) = nested.split_once('.').expect("section.field");
+        let table = dict
+            .entry(section.to_string())
+            .or_insert_with(|| Value::from(Dict::new()));
+        let Value::Dict(_, table) = table else {
+            return Err(format!(
+                "`{flat}` belongs in section `{section}`, which is set to a value, not a table"
+            ));
+        };
+        if table.contains_key(field) {
+            return Err(format!(
+                "`{flat}` and `{nested}` are the same setting; set it once"
+            ));
+        }
+        table.insert(field.to_string(), value);
+        seen.push(flat);
+    }
+    Ok(dict)
+}
+
+/// The key at `path` as the layer's user wrote it: an environment variable's name, the flat
+/// key when the layer used it, else `section.field`.
+fn written(path: &[&str], env_prefix: Option<&str>, flat_seen: &[&str]) -> String {
+    let nested = path.join(".");
+    let flat = FLAT_KEYS
+        .iter()
+        .find(|(_, n)| *n == nested)
+        .map(|(f, _)| *f);
+    match (env_prefix, flat) {
+        (Some(prefix), Some(flat)) => format!("{prefix}{}", flat.to_ascii_uppercase()),
+        (None, Some(flat)) if flat_seen.contains(&flat) => flat.to_string(),
+        _ => nested,
+    }
+}
