@@ -295,8 +295,11 @@ async fn rotate_hint_info_and_metrics(pool: PgPool) {
     assert_eq!(info["model_sha"], "ab".repeat(32));
     assert_eq!(info["kv_type_k"], "f16");
     assert!(info["bpt"].as_i64().unwrap() > 0);
-    assert_eq!(info["config"]["turn"]["kv_tail_tokens"], 200);
-    assert!(info["config"].get("db").is_none(), "secrets must not leak");
+    assert_eq!(info["config"]["kv_tail_tokens"], 200);
+    assert!(
+        info["config"].get("database_url").is_none(),
+        "secrets must not leak"
+    );
 
     let r = client
         .get(format!("{}/metrics", server.base))

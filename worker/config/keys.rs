@@ -212,3 +212,17 @@ fn written(path: &[&str], env_prefix: Option<&str>, flat_seen: &[&str]) -> Strin
         _ => nested,
     }
 }
+
+/// The settings as the flat list of keys they were before sections (`memory_ranker`, not
+/// `memory.ranker`): what `/v1/info` has always shown, so its readers see no change. Fields
+/// that are never serialised (secrets) stay out.
+pub fn flat_json(nested: &serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    FLAT_KEYS
+        .iter()
+        .filter_map(|(flat, path)| {
+            let (section, field) = path.split_once('.')?;
+            let v = nested.get(section)?.get(field)?;
+            Some((flat.to_string(), v.clone()))
+        })
+        .collect()
+}

@@ -16,11 +16,10 @@ pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiE
     let bpt: Option<i32> = sqlx::query_scalar(include_str!("../../sql/http/recent_bpt.sql"))
         .fetch_optional(&state.pool)
         .await?;
-    let mut config = serde_json::to_value(s.as_ref()).unwrap_or(Value::Null);
-    // The database section holds only the URL, which may carry a password.
-    if let Some(obj) = config.as_object_mut() {
-        obj.remove("db");
-    }
+    let nested = serde_json::to_value(s.as_ref()).unwrap_or(Value::Null);
+    let mut config = crate::config::keys::flat_json(&nested);
+    // The URL may carry a password.
+    config.remove("database_url");
     Ok(Json(json!({
         "service": "kvmem",
         "version": env!("CARGO_PKG_VERSION"),
