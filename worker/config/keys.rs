@@ -6,7 +6,7 @@
 use figment::value::{Dict, Map, Value};
 use figment::{Error, Metadata, Profile, Provider};
 
-/// Seed 000's variables (and issue 15's budgets, named like them), read from the
+/// Seed 000's variables (and the recall and summary budgets, named like them), read from the
 /// environment under their exact names; every key also reads `KVMEM_<KEY>`.
 pub const SEED_VARS: &[&str] = &[
     "KV_ONLY_ENABLED",

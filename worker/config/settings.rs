@@ -194,7 +194,7 @@ pub struct MemorySettings {
     pub keep_lore: u32,
 }
 
-/// `[summary]`: session summaries (issue 14), their lane and the context budget.
+/// `[summary]`: session summaries, their lane and the context budget.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SummarySettings {
     /// Llama workers run summary jobs while none of their turns is generating.

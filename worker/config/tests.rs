@@ -96,7 +96,7 @@ const CASES: &[(&str, &str, Read)] = &[
 /// A SHA-256 of letters only: as an environment value it stays a string.
 const AB_SHA: &str = "\"abababababababababababababababababababababababababababababababab\"";
 
-/// The variables read under their plain names (seed 000's, and issue 15's budgets).
+/// The variables read under their plain names (seed 000's, and the recall and summary budgets).
 const PLAIN_ENV: &[&str] = &[
     "KV_ONLY_ENABLED",
     "KV_TAIL_TOKENS",
