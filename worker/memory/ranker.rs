@@ -64,3 +64,30 @@ impl RankerKind {
         }
     }
 }
+
+/// The setting's ranker, matched variant by variant so a ranker added to one list and not
+/// the other fails to compile; the previous release's names warn as [`RankerKind::parse`]
+/// does.
+impl From<crate::config::MemoryRanker> for RankerKind {
+    fn from(r: crate::config::MemoryRanker) -> RankerKind {
+        use crate::config::MemoryRanker as M;
+        match r {
+            M::Hybrid => RankerKind::Hybrid,
+            M::Weighted => RankerKind::Weighted,
+            M::RecencyImportance => RankerKind::RecencyImportance,
+            M::Lexical => RankerKind::Lexical,
+            M::Vector => RankerKind::Vector,
+            M::Seed001 => deprecated(r, RankerKind::RecencyImportance),
+            M::Seed002 => deprecated(r, RankerKind::Weighted),
+        }
+    }
+}
+
+fn deprecated(r: crate::config::MemoryRanker, kind: RankerKind) -> RankerKind {
+    tracing::warn!(
+        "ranker {:?} is deprecated and will be removed in the next release: use {:?}",
+        r.as_str(),
+        kind.as_str()
+    );
+    kind
+}

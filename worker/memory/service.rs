@@ -31,7 +31,7 @@ impl MemoryConfig {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get() as i32);
         Ok(MemoryConfig {
             embed_model_path: s.memory.embed_model_path.clone(),
-            ranker: RankerKind::parse(s.memory.ranker.as_str())?,
+            ranker: s.memory.ranker.into(),
             keep_user: i64::from(s.memory.keep_user),
             keep_lore: i64::from(s.memory.keep_lore),
             exact_search_max: i64::from(s.memory.exact_search_max),
