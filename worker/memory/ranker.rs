@@ -65,8 +65,8 @@ impl RankerKind {
     }
 }
 
-/// The setting's ranker, matched variant by variant so a ranker added to one list and not
-/// the other fails to compile; the previous release's names warn as [`RankerKind::parse`]
+/// The setting's ranker, matched variant by variant so a ranker added to the settings' list
+/// and not mapped here fails to compile; the previous release's names warn as [`RankerKind::parse`]
 /// does.
 impl From<crate::config::MemoryRanker> for RankerKind {
     fn from(r: crate::config::MemoryRanker) -> RankerKind {
