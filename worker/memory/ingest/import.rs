@@ -395,13 +395,43 @@ async fn insert_fresh(
     )
 }
 
+/// A row a reindex embeds: where its kind is read and written, and the text its vector is
+/// taken of. Messages and facts page, embed and commit alike; only these differ.
+trait Unembedded: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin {
+    /// The next chunk without a vector of the current model: binds user, after id, limit,
+    /// model.
+    const SELECT: &'static str;
+    /// Writes the chunk's vectors: binds ids, vectors, model.
+    const STORE: &'static str;
+    fn id(&self) -> i64;
+    fn key(&self) -> String;
+    /// The vectors as the store's column takes them.
+    fn bind_vectors(q: PgQuery<'_>, vecs: Vec<Vec<f32>>) -> PgQuery<'_>;
+}
+
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// A message without a vector of the current model.
 #[derive(sqlx::FromRow)]
-struct Unembedded {
+struct UnembeddedMessage {
     id: i64,
     speaker: String,
     text: String,
     context: Option<String>,
+}
+
+impl Unembedded for UnembeddedMessage {
+    const SELECT: &'static str = include_str!("../../../sql/memory/unembedded_messages.sql");
+    const STORE: &'static str = include_str!("../../../sql/memory/set_message_vectors.sql");
+    fn id(&self) -> i64 {
+        self.id
+    }
+    fn key(&self) -> String {
+        message_key(&self.speaker, &self.text, self.context.as_deref())
+    }
+    fn bind_vectors(q: PgQuery<'_>, vecs: Vec<Vec<f32>>) -> PgQuery<'_> {
+        q.bind(vecs.into_iter().map(Vector::from).collect::<Vec<Vector>>())
+    }
 }
 
 /// A fact without a vector of the current model.
@@ -411,6 +441,20 @@ struct UnembeddedFact {
     fact_type: String,
     text: String,
     evidence_text: Option<String>,
+}
+
+impl Unembedded for UnembeddedFact {
+    const SELECT: &'static str = include_str!("../../../sql/memory/unembedded_memories.sql");
+    const STORE: &'static str = include_str!("../../../sql/memory/set_memory_vectors.sql");
+    fn id(&self) -> i64 {
+        self.id
+    }
+    fn key(&self) -> String {
+        embed_text(&self.fact_type, &self.text, self.evidence_text.as_deref())
+    }
+    fn bind_vectors(q: PgQuery<'_>, vecs: Vec<Vec<f32>>) -> PgQuery<'_> {
+        q.bind(vecs.iter().map(|v| to_bytes(v)).collect::<Vec<Vec<u8>>>())
+    }
 }
 
 /// Gives every message, span and fact of `user` (all users: `None`) without a vector of the
@@ -445,11 +489,11 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
         indicatif::ProgressBar::hidden()
     };
     bar.set_message("messages");
-    let mut done = reindex_messages(svc, user, &bar).await?;
+    let mut done = reindex_rows::<UnembeddedMessage>(svc, user, &bar).await?;
     bar.set_message("spans");
     done += spans::fill_counting(svc, user, None, true, &|n| bar.inc(n as u64)).await?;
     bar.set_message("facts");
-    done += reindex_facts(svc, user, &bar).await?;
+    done += reindex_rows::<UnembeddedFact>(svc, user, &bar).await?;
     bar.finish_and_clear();
     Ok(done)
 }
@@ -461,7 +505,9 @@ async fn passages(svc: &MemoryService, texts: Vec<String>) -> Result<Vec<Vec<f32
         .ok_or_else(|| MemoryError::Invalid("embedding failed (see events)".into()))
 }
 
-async fn reindex_messages(
+/// Every row of one kind without a vector of the current model gets one, a chunk at a
+/// time in id order; each chunk commits on its own.
+async fn reindex_rows<R: Unembedded>(
     svc: &MemoryService,
     user: Option<&str>,
     bar: &indicatif::ProgressBar,
@@ -469,68 +515,20 @@ async fn reindex_messages(
     let mut after = 0i64;
     let mut done = 0;
     loop {
-        let rows = sqlx::query_as::<_, Unembedded>(include_str!(
-            "../../../sql/memory/unembedded_messages.sql"
-        ))
-        .bind(user)
-        .bind(after)
-        .bind(CHUNK as i64)
-        .bind(svc.model_id())
-        .fetch_all(&svc.pool)
-        .await?;
-        let Some(last) = rows.last() else {
-            return Ok(done);
-        };
-        after = last.id;
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let texts = rows
-            .iter()
-            .map(|r| message_key(&r.speaker, &r.text, r.context.as_deref()))
-            .collect();
-        let vecs = passages(svc, texts).await?;
-        let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
-        sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
-            .bind(&ids)
-            .bind(&vectors)
+        let rows: Vec<R> = sqlx::query_as(R::SELECT)
+            .bind(user)
+            .bind(after)
+            .bind(CHUNK as i64)
             .bind(svc.model_id())
-            .execute(&svc.pool)
+            .fetch_all(&svc.pool)
             .await?;
-        done += ids.len();
-        bar.inc(ids.len() as u64);
-    }
-}
-
-async fn reindex_facts(
-    svc: &MemoryService,
-    user: Option<&str>,
-    bar: &indicatif::ProgressBar,
-) -> Result<usize> {
-    let mut after = 0i64;
-    let mut done = 0;
-    loop {
-        let rows = sqlx::query_as::<_, UnembeddedFact>(include_str!(
-            "../../../sql/memory/unembedded_memories.sql"
-        ))
-        .bind(user)
-        .bind(after)
-        .bind(CHUNK as i64)
-        .bind(svc.model_id())
-        .fetch_all(&svc.pool)
-        .await?;
         let Some(last) = rows.last() else {
             return Ok(done);
         };
-        after = last.id;
-        let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-        let texts = rows
-            .iter()
-            .map(|r| embed_text(&r.fact_type, &r.text, r.evidence_text.as_deref()))
-            .collect();
-        let vecs = passages(svc, texts).await?;
-        let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| to_bytes(v)).collect();
-        sqlx::query(include_str!("../../../sql/memory/set_memory_vectors.sql"))
-            .bind(&ids)
-            .bind(&bytes)
+        after = last.id();
+        let ids: Vec<i64> = rows.iter().map(R::id).collect();
+        let vecs = passages(svc, rows.iter().map(R::key).collect()).await?;
+        R::bind_vectors(sqlx::query(R::STORE).bind(&ids), vecs)
             .bind(svc.model_id())
             .execute(&svc.pool)
             .await?;
