@@ -19,17 +19,60 @@ use super::types::{
 use super::vector::{backfill, cosines, nearest_messages};
 use super::words::{content_words, names, overlap, substance, VAGUE};
 
-/// The rank of each candidate in each leg's list, for the fusion.
-struct Legs {
-    lexical: HashMap<i64, usize>,
-    vector: HashMap<i64, usize>,
-    window: HashMap<i64, usize>,
-    /// BM25 as a share of the query's best.
-    bm25: HashMap<i64, f64>,
-    /// The best span each message sits in.
-    spans: HashMap<i64, f64>,
-    /// The named speaker's turns: cosine with the question in their voice.
-    voice: HashMap<i64, f64>,
+/// What one leg found: its candidates, best first, and a value per candidate where the leg
+/// measures one. The legs are registered in one list, in [`message_candidates`]; each
+/// names the signal it feeds.
+struct Leg {
+    order: Vec<i64>,
+    values: HashMap<i64, f64>,
+    /// Writes the leg's signal for one candidate: its rank in `order` and its value.
+    feeds: fn(&mut Signals, Option<usize>, Option<f64>),
+}
+
+impl Leg {
+    fn new(order: Vec<i64>, feeds: fn(&mut Signals, Option<usize>, Option<f64>)) -> Leg {
+        Leg {
+            order,
+            values: HashMap::new(),
+            feeds,
+        }
+    }
+
+    fn valued(mut self, values: HashMap<i64, f64>) -> Leg {
+        self.values = values;
+        self
+    }
+}
+
+/// The registered legs with each one's rank lookup, for the fusion.
+struct Legs(Vec<(Leg, HashMap<i64, usize>)>);
+
+impl Legs {
+    fn new(legs: Vec<Leg>) -> Legs {
+        Legs(
+            legs.into_iter()
+                .map(|l| {
+                    let r = ranks(&l.order);
+                    (l, r)
+                })
+                .collect(),
+        )
+    }
+
+    fn feed(&self, id: i64, s: &mut Signals) {
+        for (leg, rank) in &self.0 {
+            (leg.feeds)(s, rank.get(&id).copied(), leg.values.get(&id).copied());
+        }
+    }
+}
+
+/// Every leg's candidates in order of first appearance, leg by leg, each once.
+fn union(legs: &[Leg]) -> Vec<i64> {
+    let mut seen: HashSet<i64> = HashSet::new();
+    legs.iter()
+        .flat_map(|l| l.order.iter().copied())
+        .filter(|id| seen.insert(*id))
+        .collect()
 }
 
 /// What the search made of the question before the dialogue's legs run.
@@ -76,42 +119,45 @@ pub(super) async fn message_candidates(
         None => Vec::new(),
     };
     let lex_order: Vec<i64> = lexical.iter().map(|x| x.0).collect();
-    let vec_order: Vec<i64> = vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect();
     let mut span_members: Vec<i64> = spans.keys().copied().collect();
     span_members.sort_unstable();
-    let voiced_ids: Vec<i64> = voiced.iter().map(|x| x.0).collect();
-    let ids = union(&[
-        &lex_order,
-        &vec_order,
-        &window_list,
-        &span_members,
-        &voiced_ids,
-    ]);
+    // The fetched rows carry the query's cosine; these candidates take theirs from them.
+    let cosine_from_rows: HashSet<i64> = lex_order.iter().chain(&span_members).copied().collect();
+    // The registration point: one entry per leg, in the union's order.
+    let mut legs = vec![
+        Leg::new(lex_order, |s, rank, bm25| {
+            s.lexical_rank = rank;
+            s.bm25 = bm25.unwrap_or(0.0);
+        })
+        .valued(shares(&lexical)),
+        Leg::new(
+            vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect(),
+            |s, rank, _| s.vector_rank = rank,
+        ),
+        Leg::new(window_list, |s, rank, _| s.window_rank = rank),
+        Leg::new(span_members, |s, _, cos| s.span = cos).valued(spans),
+        // Measured after the fetch (below): only the named speaker's rows are in the voice.
+        Leg::new(voiced.iter().map(|x| x.0).collect(), |s, _, cos| {
+            s.voice = cos
+        }),
+    ];
+    let ids = union(&legs);
     if ids.is_empty() {
         return Ok(Vec::new());
     }
     let model = svc.model_id();
     let mut rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref(), model).await?;
-    take_cosines(&rows, &[&lex_order, &span_members], &mut cos);
+    take_cosines(&rows, &cosine_from_rows, &mut cos);
     // Seed 002's backfill: a few candidates without vectors get one now.
     if let Some(q) = qvec {
         backfill(svc, q, &mut rows, &mut cos).await;
     }
-    let voice_cos = match (voice, &vv) {
-        (Some((speaker, _)), Some(v)) => {
-            let who = (scope.user_id.as_str(), speaker);
-            voice_cosines(svc, who, v, voiced, &rows).await?
-        }
-        _ => HashMap::new(),
-    };
-    let legs = Legs {
-        lexical: ranks(&lex_order),
-        vector: ranks(&vec_order),
-        window: ranks(&window_list),
-        bm25: shares(&lexical),
-        spans,
-        voice: voice_cos,
-    };
+    if let (Some((speaker, _)), Some(v)) = (voice, &vv) {
+        let who = (scope.user_id.as_str(), speaker);
+        let voice_leg = legs.last_mut().expect("the voice leg is registered last");
+        voice_leg.values = voice_cosines(svc, who, v, voiced, &rows).await?;
+    }
+    let legs = Legs::new(legs);
     let semantic = qvec.is_some().then_some(&cos);
     Ok(signals(req, window, qwords, semantic, &legs, rows)
         .into_iter()
@@ -120,25 +166,14 @@ pub(super) async fn message_candidates(
         .collect())
 }
 
-/// The rows come back with the query's cosine, saving a round trip: candidates of `lists`
+/// The rows come back with the query's cosine, saving a round trip: the `wanted` candidates
 /// the vector list did not reach take theirs from it.
-fn take_cosines(rows: &[MsgRow], lists: &[&[i64]], cos: &mut HashMap<i64, f64>) {
-    let wanted: HashSet<i64> = lists.iter().flat_map(|l| l.iter().copied()).collect();
+fn take_cosines(rows: &[MsgRow], wanted: &HashSet<i64>, cos: &mut HashMap<i64, f64>) {
     for r in rows {
         if let (Some(c), true) = (r.cosine, wanted.contains(&r.id)) {
             cos.entry(r.id).or_insert(c);
         }
     }
-}
-
-/// The lists' ids in order of first appearance, each once.
-fn union(lists: &[&[i64]]) -> Vec<i64> {
-    let mut seen: HashSet<i64> = HashSet::new();
-    lists
-        .iter()
-        .flat_map(|l| l.iter().copied())
-        .filter(|id| seen.insert(*id))
-        .collect()
 }
 
 fn to_hit(row: MsgRow) -> Hit {
@@ -318,22 +353,17 @@ fn signals(
         .into_iter()
         .map(|row| {
             let text = format!("{} {}", row.speaker, row.text);
-            let s = Signals {
-                lexical_rank: legs.lexical.get(&row.id).copied(),
+            let mut s = Signals {
                 lexical: overlap(qwords, &req.query, &text),
                 semantic: semantic.and_then(|c| c.get(&row.id).copied()),
-                vector_rank: legs.vector.get(&row.id).copied(),
                 // A message is what was said, not an inferred fact: full confidence.
                 confidence: 1.0,
                 at: Some(row.at),
                 channel: channel_score(scope.channel_id.as_deref(), row.channel_id.as_deref()),
-                entity_freq: 0.0,
                 in_window: window.map(|w| w.contains(row.at)),
-                window_rank: legs.window.get(&row.id).copied(),
-                span: legs.spans.get(&row.id).copied(),
-                bm25: legs.bm25.get(&row.id).copied().unwrap_or(0.0),
-                voice: legs.voice.get(&row.id).copied(),
+                ..Signals::default()
             };
+            legs.feed(row.id, &mut s);
             (row, s)
         })
         .collect();
