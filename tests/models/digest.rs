@@ -221,12 +221,11 @@ async fn digest_version_is_the_same_in_any_order_and_in_another_process(pool: Pg
     }
 }
 
-#[sqlx::test(migrations = false)]
-async fn fact_writes_trigger_rebuilds_through_notify(pool: PgPool) {
-    migrate(&pool).await;
+/// The digest rebuilder on a 30 s poll (so a rebuild within the tests' waits came from
+/// NOTIFY or from an expiry), with the token that stops it.
+fn spawn_rebuilder(pool: &PgPool) -> (tokio::task::JoinHandle<()>, CancellationToken) {
     let shutdown = CancellationToken::new();
     let tok: Arc<dyn TokenCount> = Arc::new(kvmem::context::tokens::WordCount);
-    // A long poll: only NOTIFY can make this fast.
     let task = tokio::spawn(digest::run_rebuilder(
         pool.clone(),
         tok,
@@ -235,6 +234,14 @@ async fn fact_writes_trigger_rebuilds_through_notify(pool: PgPool) {
         Arc::new(kvmem::metrics::Metrics::new()),
         shutdown.clone(),
     ));
+    (task, shutdown)
+}
+
+#[sqlx::test(migrations = false)]
+async fn fact_writes_trigger_rebuilds_through_notify(pool: PgPool) {
+    migrate(&pool).await;
+    // A long poll: only NOTIFY can make this fast.
+    let (task, shutdown) = spawn_rebuilder(&pool);
     // Write only once the rebuilder's LISTEN has run, so the rebuild below can come from
     // NOTIFY alone (the start-up rescan has passed, the next poll is 30 s away).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -277,16 +284,7 @@ async fn fact_writes_trigger_rebuilds_through_notify(pool: PgPool) {
 async fn dirty_markers_written_while_no_one_listens_are_rebuilt_on_start(pool: PgPool) {
     migrate(&pool).await;
     fact(&pool, "s", "debt", "bank", "Owes 5").await;
-    let shutdown = CancellationToken::new();
-    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::context::tokens::WordCount);
-    let task = tokio::spawn(digest::run_rebuilder(
-        pool.clone(),
-        tok,
-        180,
-        Duration::from_secs(30),
-        Arc::new(kvmem::metrics::Metrics::new()),
-        shutdown.clone(),
-    ));
+    let (task, shutdown) = spawn_rebuilder(&pool);
     wait_for_digest(&pool, "s", |c| c == "Debt: Owes 5").await;
     shutdown.cancel();
     task.await.unwrap();
@@ -302,16 +300,7 @@ async fn an_expiring_buff_leaves_the_digest_without_any_write(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    let shutdown = CancellationToken::new();
-    let tok: Arc<dyn TokenCount> = Arc::new(kvmem::context::tokens::WordCount);
-    let task = tokio::spawn(digest::run_rebuilder(
-        pool.clone(),
-        tok,
-        180,
-        Duration::from_secs(30),
-        Arc::new(kvmem::metrics::Metrics::new()),
-        shutdown.clone(),
-    ));
+    let (task, shutdown) = spawn_rebuilder(&pool);
     wait_for_digest(&pool, "s", |c| c.contains("Buff: Shielded")).await;
     let before: (i64, i64) = sqlx::query_as(
         "SELECT n_tup_ins + n_tup_upd + n_tup_del, 0::bigint FROM pg_stat_xact_user_tables WHERE relname = 'facts'",

@@ -12,6 +12,28 @@ use kvmem::snapshot::{SegKind, Segment};
 use sqlx::PgPool;
 
 /// Settings, the tiny model and a worker's dependencies for one test.
+/// What u1 tells Ada in session "first", which later sessions recall.
+const TOLD: &str = "My sister Maya moved to Lisbon last spring.";
+
+/// A fresh schema and rig where u1 has told Ada `told` in session "first": Ada's id, the
+/// snapshot dir (kept while the test runs), the engine and the worker.
+async fn told_in_a_first_session(
+    pool: &PgPool,
+    told: &str,
+) -> (
+    i64,
+    tempfile::TempDir,
+    std::sync::Arc<kvmem::engine::Engine>,
+    kvmem::runner::Deps,
+) {
+    migrate(pool).await;
+    let ch = character(pool, "u1", "Ada").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, engine, deps) = rig(pool, dir.path());
+    one_turn(&deps, "first", "u1", ch, told).await;
+    (ch, dir, engine, deps)
+}
+
 fn rig(
     pool: &PgPool,
     dir: &std::path::Path,
@@ -365,12 +387,7 @@ async fn recall_text(pool: &PgPool, engine: &kvmem::engine::Engine, session: &st
 
 #[sqlx::test(migrations = false)]
 async fn dialogue_of_an_earlier_session_is_recalled_in_a_new_one(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (_, engine, deps) = rig(&pool, dir.path());
-    let told = "My sister Maya moved to Lisbon last spring.";
-    one_turn(&deps, "first", "u1", ch, told).await;
+    let (ch, _dir, engine, deps) = told_in_a_first_session(&pool, TOLD).await;
     // Within its own session, the message is in the KV: recall leaves it out.
     let (t, _) = one_turn(&deps, "first", "u1", ch, "Where did my sister Maya move?").await;
     assert_eq!(recall_log(&pool, t).await.memories_injected, 0);
@@ -380,7 +397,7 @@ async fn dialogue_of_an_earlier_session_is_recalled_in_a_new_one(pool: PgPool) {
     let r = recall_log(&pool, t).await;
     assert!(r.memory_keys.iter().any(|k| k.starts_with('x')), "{r:?}");
     let recall = recall_text(&pool, &engine, "second").await;
-    assert!(recall.contains(told), "{recall}");
+    assert!(recall.contains(TOLD), "{recall}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -415,12 +432,7 @@ async fn in_chat_forget_never_reaches_another_users_memories(pool: PgPool) {
 /// even when a reply matches the message better than the user's words do.
 #[sqlx::test(migrations = false)]
 async fn recall_holds_the_users_words_and_none_of_the_characters(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (_, engine, deps) = rig(&pool, dir.path());
-    let told = "My sister Maya moved to Lisbon last spring.";
-    one_turn(&deps, "first", "u1", ch, told).await;
+    let (ch, _dir, engine, deps) = told_in_a_first_session(&pool, TOLD).await;
     // An earlier reply of the character's that repeats the question's words closely.
     let echo = "Where did your sister Maya move? Your sister Maya moved, you said.";
     sqlx::query(
@@ -435,7 +447,7 @@ async fn recall_holds_the_users_words_and_none_of_the_characters(pool: PgPool) {
 
     one_turn(&deps, "second", "u1", ch, "Where did my sister Maya move?").await;
     let recall = recall_text(&pool, &engine, "second").await;
-    assert!(recall.contains(told), "{recall}");
+    assert!(recall.contains(TOLD), "{recall}");
     assert!(!recall.contains(echo), "{recall}");
     assert!(!recall.contains("you said"), "{recall}");
     let replies: Vec<String> = sqlx::query_scalar(

@@ -169,7 +169,7 @@ async fn compacting_a_chat_session_moves_the_boundary_and_keeps_messages(pool: P
         .unwrap();
     let c = common::character(&pool, "dee", "Vega").await;
     let sid = format!("chat-dee-{c}");
-    for i in 1..=24 {
+    for i in 1..=28 {
         let when = at(7, 0) + Duration::seconds(i);
         turn(
             &pool,
@@ -180,19 +180,9 @@ async fn compacting_a_chat_session_moves_the_boundary_and_keeps_messages(pool: P
             &format!("answer {i}"),
         )
         .await;
-    }
-    assert_eq!(queued(&pool, "compact").await, 0, "48 entries: not yet");
-    for i in 25..=28 {
-        let when = at(7, 0) + Duration::seconds(i);
-        turn(
-            &pool,
-            "dee",
-            c,
-            when,
-            &format!("question {i}"),
-            &format!("answer {i}"),
-        )
-        .await;
+        if i == 24 {
+            assert_eq!(queued(&pool, "compact").await, 0, "48 entries: not yet");
+        }
     }
     assert_eq!(queued(&pool, "compact").await, 1, "over 50 entries");
 

@@ -1,21 +1,30 @@
 //! Leases, fencing, retries and bad input.
 
 use super::*;
+use kvmem::queue::{ClaimedTurn, TurnId};
 
-#[sqlx::test(migrations = false)]
-async fn expired_lease_is_rerun_by_another_worker_and_the_stale_one_is_fenced(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let id = queue::enqueue(&pool, "s", "u1", ch, "hello", None)
+/// One turn ("hello" in session s) on a fresh schema, claimed by worker A with a lease of
+/// `lease_ms`.
+async fn hello_claimed_by_a(pool: &PgPool, lease_ms: u64) -> (TurnId, ClaimedTurn) {
+    migrate(pool).await;
+    let ch = character(pool, "u1", "Ada").await;
+    let id = queue::enqueue(pool, "s", "u1", ch, "hello", None)
         .await
         .unwrap();
     let lanes = vec!["live".to_string()];
-    // Worker A claims with a 100 ms lease and then "hangs" (never heartbeats).
-    let stale = queue::claim(&pool, "A", 100, &lanes)
+    let claimed = queue::claim(pool, "A", lease_ms, &lanes)
         .await
         .unwrap()
         .expect("claimed");
-    assert_eq!(stale.id, id);
+    assert_eq!(claimed.id, id);
+    (id, claimed)
+}
+
+#[sqlx::test(migrations = false)]
+async fn expired_lease_is_rerun_by_another_worker_and_the_stale_one_is_fenced(pool: PgPool) {
+    // Worker A claims with a 100 ms lease and then "hangs" (never heartbeats).
+    let (id, stale) = hello_claimed_by_a(&pool, 100).await;
+    let lanes = vec!["live".to_string()];
     // While A's lease is live, nobody else can take the session.
     assert!(queue::claim(&pool, "B", 100, &lanes)
         .await
@@ -58,13 +67,7 @@ async fn expired_lease_is_rerun_by_another_worker_and_the_stale_one_is_fenced(po
 
 #[sqlx::test(migrations = false)]
 async fn stale_worker_cannot_complete_even_before_anyone_reclaims(pool: PgPool) {
-    migrate(&pool).await;
-    let ch = character(&pool, "u1", "Ada").await;
-    let id = queue::enqueue(&pool, "s", "u1", ch, "hello", None)
-        .await
-        .unwrap();
-    let lanes = vec!["live".to_string()];
-    let stale = queue::claim(&pool, "A", 50, &lanes).await.unwrap().unwrap();
+    let (id, stale) = hello_claimed_by_a(&pool, 50).await;
     tokio::time::sleep(Duration::from_millis(80)).await;
     queue::reap(&pool).await.unwrap();
     assert!(matches!(
