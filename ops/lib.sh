@@ -5,9 +5,9 @@
 #   usage                     prints the comment block at the head of the script (its usage)
 #   on_help "$@"              -h or --help as the first argument: usage, then exit 0
 #   use_build_cache           exports CARGO_TARGET_DIR, default $HOME/.cache/kvmem/target
-#   set_up_project            the build-and-run scripts' start: cd to the checkout, run
-#                             ops/setup (installs and checks what the build loads), then
-#                             use_build_cache
+#   set_up_project [--quiet]  the build-and-run scripts' start: cd to the checkout, run
+#                             ops/setup (installs and checks what the build loads; --quiet:
+#                             its standard output goes nowhere), then use_build_cache
 #   at_exit CMD ARG...        runs CMD ARG... when the script exits, after those added before
 #   pg_start [DIR PORT]       unless DATABASE_URL is set: starts ops/pg's cluster and exports
 #                             its DATABASE_URL (DIR and PORT: KVMEM_PG_DIR and KVMEM_PG_PORT)
@@ -37,7 +37,7 @@ use_build_cache() { export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$default_target
 
 set_up_project() {
     cd "$OPS_DIR/.."
-    "$OPS_DIR/setup"
+    if [ "${1:-}" = --quiet ]; then "$OPS_DIR/setup" >/dev/null; else "$OPS_DIR/setup"; fi
     use_build_cache
 }
 
