@@ -162,6 +162,10 @@ pub fn load_engine(path: &std::path::Path, settings: &Settings) -> Arc<Engine> {
 }
 
 /// Deps running the real pipeline on `model`.
+/// A test's scene on a llama.cpp model: the character's id, the snapshot dir (kept while the
+/// test holds it), the engine and the worker.
+pub type Scene = (i64, tempfile::TempDir, Arc<Engine>, Deps);
+
 pub fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>, worker_id: &str) -> Deps {
     deps(pool, settings, Model::Llama(engine), worker_id)
 }

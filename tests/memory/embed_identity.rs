@@ -10,11 +10,12 @@ use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::memory::req;
 use crate::sessions::{import_session, POTTERY};
 use common::{db_url, e5, kvmem_command, minilm};
 use kvmem::memory::ingest::import;
-use kvmem::memory::search::{self, HitKind, SearchRequest, SearchResponse};
-use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source};
+use kvmem::memory::search::{self, HitKind, SearchResponse};
+use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
 
@@ -55,18 +56,6 @@ async fn minilm_service(pool: &PgPool) -> MemoryService {
 
 fn e5_service(pool: &PgPool) -> MemoryService {
     service(pool, e5_embedder(), e5())
-}
-
-fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
-    SearchRequest {
-        scope: Scope::user(user),
-        query: query.into(),
-        limit: 10,
-        as_of: None,
-        ranker,
-        strict: false,
-        skip_speaker: None,
-    }
 }
 
 async fn remember(svc: &MemoryService, user: &str, text: &str) {

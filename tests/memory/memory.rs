@@ -103,7 +103,8 @@ async fn import_carol(
         .unwrap();
 }
 
-fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
+/// A search of `user`'s memory as the tests ask it: ten hits, now, no filters.
+pub(crate) fn req(user: &str, query: &str, ranker: RankerKind) -> SearchRequest {
     SearchRequest {
         scope: Scope::user(user),
         query: query.into(),

@@ -495,19 +495,8 @@ async fn hud_renders_exactly_falls_back_and_fits_its_budget(pool: PgPool) {
         hud::MINIMAL_HUD
     );
     // Clamping: extreme stats stay within 0..100.
-    sqlx::query("UPDATE user_characters SET stress_level = 400 WHERE id = $1")
-        .bind(ch)
-        .execute(&pool)
-        .await
-        .unwrap();
-    assert_eq!(
-        hud::fetch(&pool, ch, "u1")
-            .await
-            .unwrap()
-            .unwrap()
-            .adherence,
-        0
-    );
+    let stressed = hud_after(&pool, ch, "stress_level = 400").await;
+    assert_eq!(stressed.adherence, 0);
     // A long equipment name is shortened to fit, deterministically.
     let mut long = row.clone();
     long.equipment =
@@ -525,17 +514,21 @@ async fn hud_renders_exactly_falls_back_and_fits_its_budget(pool: PgPool) {
     );
     assert_eq!(line, hud::render_within(&long, budget, engine.as_ref()));
     // A missing equipment row renders as Unarmed (LEFT JOIN).
-    sqlx::query("UPDATE user_characters SET primary_equipment_id = NULL WHERE id = $1")
-        .bind(ch)
-        .execute(&pool)
+    let unarmed = hud_after(&pool, ch, "primary_equipment_id = NULL").await;
+    assert_eq!(unarmed.equipment, "Unarmed");
+}
+
+/// u1's HUD row for character `ch` after `SET change` on its user_characters row.
+async fn hud_after(pool: &PgPool, ch: i64, change: &str) -> hud::HudRow {
+    sqlx::query(&format!(
+        "UPDATE user_characters SET {change} WHERE id = $1"
+    ))
+    .bind(ch)
+    .execute(pool)
+    .await
+    .unwrap();
+    hud::fetch(pool, ch, "u1")
         .await
-        .unwrap();
-    assert_eq!(
-        hud::fetch(&pool, ch, "u1")
-            .await
-            .unwrap()
-            .unwrap()
-            .equipment,
-        "Unarmed"
-    );
+        .unwrap()
+        .expect("u1's HUD row")
 }

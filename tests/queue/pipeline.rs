@@ -17,14 +17,7 @@ fn scene_settings(dir: &std::path::Path, extra: serde_json::Value) -> kvmem::con
 
 /// A migrated database with Ada for u1, and a tiny-model worker whose tail holds several
 /// whole exchanges.
-async fn long_tail_scene(
-    pool: &PgPool,
-) -> (
-    i64,
-    tempfile::TempDir,
-    std::sync::Arc<kvmem::engine::Engine>,
-    kvmem::runner::Deps,
-) {
+async fn long_tail_scene(pool: &PgPool) -> Scene {
     migrate(pool).await;
     let ch = character(pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();

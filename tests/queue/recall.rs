@@ -17,15 +17,7 @@ const TOLD: &str = "My sister Maya moved to Lisbon last spring.";
 
 /// A fresh schema and rig where u1 has told Ada `told` in session "first": Ada's id, the
 /// snapshot dir (kept while the test runs), the engine and the worker.
-async fn told_in_a_first_session(
-    pool: &PgPool,
-    told: &str,
-) -> (
-    i64,
-    tempfile::TempDir,
-    std::sync::Arc<kvmem::engine::Engine>,
-    kvmem::runner::Deps,
-) {
+async fn told_in_a_first_session(pool: &PgPool, told: &str) -> Scene {
     migrate(pool).await;
     let ch = character(pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
