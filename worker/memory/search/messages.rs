@@ -23,6 +23,8 @@ use super::words::{content_words, names, overlap, substance, VAGUE};
 /// measures one. The legs are registered in one list, in [`message_candidates`]; each
 /// names the signal it feeds.
 struct Leg {
+    /// For the one leg measured after the fetch (the voice), to find it again.
+    name: &'static str,
     order: Vec<i64>,
     values: HashMap<i64, f64>,
     /// Writes the leg's signal for one candidate: its rank in `order` and its value.
@@ -30,8 +32,13 @@ struct Leg {
 }
 
 impl Leg {
-    fn new(order: Vec<i64>, feeds: fn(&mut Signals, Option<usize>, Option<f64>)) -> Leg {
+    fn new(
+        name: &'static str,
+        order: Vec<i64>,
+        feeds: fn(&mut Signals, Option<usize>, Option<f64>),
+    ) -> Leg {
         Leg {
+            name,
             order,
             values: HashMap::new(),
             feeds,
@@ -64,6 +71,12 @@ impl Legs {
             (leg.feeds)(s, rank.get(&id).copied(), leg.values.get(&id).copied());
         }
     }
+}
+
+/// The registered leg of that name.
+fn named<'a>(legs: &'a mut [Leg], name: &str) -> &'a mut Leg {
+    let found = legs.iter_mut().find(|l| l.name == name);
+    found.unwrap_or_else(|| panic!("no search leg named {name} is registered"))
 }
 
 /// Every leg's candidates in order of first appearance, leg by leg, each once.
@@ -125,21 +138,24 @@ pub(super) async fn message_candidates(
     let cosine_from_rows: HashSet<i64> = lex_order.iter().chain(&span_members).copied().collect();
     // The registration point: one entry per leg, in the union's order.
     let mut legs = vec![
-        Leg::new(lex_order, |s, rank, bm25| {
+        Leg::new("lexical", lex_order, |s, rank, bm25| {
             s.lexical_rank = rank;
             s.bm25 = bm25.unwrap_or(0.0);
         })
         .valued(shares(&lexical)),
         Leg::new(
+            "vector",
             vector.iter().take(VECTOR_CANDIDATES).map(|x| x.0).collect(),
             |s, rank, _| s.vector_rank = rank,
         ),
-        Leg::new(window_list, |s, rank, _| s.window_rank = rank),
-        Leg::new(span_members, |s, _, cos| s.span = cos).valued(spans),
+        Leg::new("window", window_list, |s, rank, _| s.window_rank = rank),
+        Leg::new("spans", span_members, |s, _, cos| s.span = cos).valued(spans),
         // Measured after the fetch (below): only the named speaker's rows are in the voice.
-        Leg::new(voiced.iter().map(|x| x.0).collect(), |s, _, cos| {
-            s.voice = cos
-        }),
+        Leg::new(
+            "voice",
+            voiced.iter().map(|x| x.0).collect(),
+            |s, _, cos| s.voice = cos,
+        ),
     ];
     let ids = union(&legs);
     if ids.is_empty() {
@@ -154,8 +170,8 @@ pub(super) async fn message_candidates(
     }
     if let (Some((speaker, _)), Some(v)) = (voice, &vv) {
         let who = (scope.user_id.as_str(), speaker);
-        let voice_leg = legs.last_mut().expect("the voice leg is registered last");
-        voice_leg.values = voice_cosines(svc, who, v, voiced, &rows).await?;
+        let voice_cos = voice_cosines(svc, who, v, voiced, &rows).await?;
+        named(&mut legs, "voice").values = voice_cos;
     }
     let legs = Legs::new(legs);
     let semantic = qvec.is_some().then_some(&cos);
