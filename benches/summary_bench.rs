@@ -162,7 +162,8 @@ async fn kinds(env: &Env) -> Result<Value> {
     let pool = fresh_db(env, "kvmem_bench_summary_kinds").await?;
     let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
     for run in 0..env.runs {
-        let svc = SummaryService::with_engine(pool.clone(), config(), engine.clone())?;
+        let svc =
+            kvmem::system::summary_service_on(pool.clone(), config(), Some(engine.clone()), None)?;
         let t = lane_kinds(&svc, run).await?;
         let d = day_kinds(&svc, run).await?;
         let c = compact_kind(&svc, run).await?;

@@ -11,14 +11,14 @@ use sqlx::PgPool;
 use crate::config::{Settings, SnapshotStoreKind};
 use crate::engine::{Busy, Engine, EngineError, EngineParams};
 use crate::memory::ingest::llm::LlmExtractor;
-use crate::memory::{MemoryConfig, MemoryError, MemoryService};
+use crate::memory::{Embedder, MemoryConfig, MemoryError, MemoryService};
 use crate::metrics::Metrics;
 use crate::pipeline::TurnPipeline;
 use crate::runner::{Deps, Generator};
 use crate::services::{Building, Services};
 use crate::snapshot::{self, Limits, SnapshotStore};
 use crate::summary::llm::Summarizer;
-use crate::summary::{SummaryConfig, SummaryService};
+use crate::summary::{SummaryConfig, SummaryError, SummaryService};
 
 /// Why a system could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,12 @@ pub enum Model {
 /// A pool on `settings`' database with room for `connections`, as it is (not migrated):
 /// every command and service gets its pool here, so there is one place that opens one.
 pub async fn connect(settings: &Settings, connections: u32) -> Result<PgPool, SystemError> {
-    let url = settings.database_url()?;
+    connect_url(settings.database_url()?, connections).await
+}
+
+/// [`connect`] on a URL the caller holds rather than settings: a test's own throwaway
+/// cluster, a benchmark's scratch database, a pool per simulated worker process.
+pub async fn connect_url(url: &str, connections: u32) -> Result<PgPool, SystemError> {
     let pool = crate::db::connect(url, connections).await?;
     if let Ok(mut opened) = opened().lock() {
         *opened.entry(url.to_string()).or_default() += 1;
@@ -225,14 +230,53 @@ pub async fn memory_service(
 ) -> Result<MemoryService, MemoryError> {
     let config = MemoryConfig::from_settings(settings)?;
     if !load_embedder {
-        return Ok(MemoryService {
-            pool,
-            config,
-            embedder: None,
-            extractor: None,
-        });
+        return Ok(memory_service_on(pool, config, None));
     }
-    Ok(MemoryService::new(pool, config).await)
+    Ok(memory_service_loading(pool, config).await)
+}
+
+/// A memory service on `config` that takes the process's embedder (loaded on first use,
+/// then shared by every service) if it can. A missing or broken model file is not an error
+/// (graceful degradation): a loud warning on stderr, an event row, and retrieval falls back
+/// to lexical scoring.
+pub async fn memory_service_loading(pool: PgPool, config: MemoryConfig) -> MemoryService {
+    let embedder = match &config.embed_model_path {
+        None => {
+            embedder_missing(&pool, "no memory_embed_model_path configured").await;
+            None
+        }
+        Some(path) => match Embedder::shared(path, config.n_threads) {
+            Ok(e) => Some(e),
+            Err(e) => {
+                embedder_missing(&pool, &e.to_string()).await;
+                None
+            }
+        },
+    };
+    memory_service_on(pool, config, embedder)
+}
+
+/// A memory service over an embedder the caller already holds, or none (lexical only):
+/// tests and benchmarks that share one loaded model across many services.
+pub fn memory_service_on(
+    pool: PgPool,
+    config: MemoryConfig,
+    embedder: Option<Arc<Embedder>>,
+) -> MemoryService {
+    MemoryService {
+        pool,
+        config,
+        embedder,
+        extractor: None,
+    }
+}
+
+async fn embedder_missing(pool: &PgPool, reason: &str) {
+    eprintln!(
+        "WARNING: memory embedder unavailable ({reason}); search and import fall back to \
+         lexical scoring until vectors are backfilled (`kvmem memory reindex`)"
+    );
+    crate::memory::event(pool, "memory_embedder_unavailable", reason, None).await;
 }
 
 /// The memory service a llama worker runs its memory lane with: the embedder, and the
@@ -300,8 +344,41 @@ pub async fn summary_service(
     .map_err(|e| e.to_string())
     .and_then(|r| r);
     match loaded {
-        Ok(llm) => SummaryService::new(pool, config, Some(Arc::new(llm))),
+        Ok(llm) => summary_service_of(pool, config, Some(Arc::new(llm))),
         Err(e) => summary_unavailable(pool, config, e).await,
+    }
+}
+
+/// A summary service on `engine`, already loaded (tests, benchmarks), whose model thread
+/// gives way while `busy` says live turns need the cores. No engine: a service whose every
+/// summary job fails with a recorded reason, and the user context degrades to what the
+/// database holds.
+pub fn summary_service_on(
+    pool: PgPool,
+    config: SummaryConfig,
+    engine: Option<Arc<Engine>>,
+    busy: Option<Busy>,
+) -> Result<SummaryService, SummaryError> {
+    let llm = match engine {
+        None => None,
+        Some(engine) => Some(Arc::new(
+            Summarizer::start(engine, busy).map_err(|e| SummaryError::Model(e.to_string()))?,
+        )),
+    };
+    Ok(summary_service_of(pool, config, llm))
+}
+
+fn summary_service_of(
+    pool: PgPool,
+    config: SummaryConfig,
+    llm: Option<Arc<Summarizer>>,
+) -> SummaryService {
+    let caches = Arc::new(crate::summary::cache::Caches::new(config.cache_capacity));
+    SummaryService {
+        pool,
+        config,
+        llm,
+        caches,
     }
 }
 
@@ -319,7 +396,7 @@ pub async fn summary_lane_service(
         return summary_service(pool, settings, Some(busy)).await;
     };
     let config = SummaryConfig::from_settings(settings);
-    match SummaryService::yielding(pool.clone(), config.clone(), engine, Some(busy)) {
+    match summary_service_on(pool.clone(), config.clone(), Some(engine), Some(busy)) {
         Ok(svc) => svc,
         Err(e) => summary_unavailable(pool, config, e.to_string()).await,
     }
@@ -338,7 +415,7 @@ async fn summary_unavailable(
         serde_json::json!({"reason": reason}),
     )
     .await;
-    SummaryService::new(pool, config, None)
+    summary_service_of(pool, config, None)
 }
 
 /// The worker's [`Services`]: each one built from the worker's pool and settings, by the

@@ -20,7 +20,7 @@ pub async fn fresh_db(base_url: &str, name: &str, connections: u32) -> Result<(P
         .rsplit_once('/')
         .context("DATABASE_URL has no database path")?;
     let url = format!("{head}/{name}");
-    let pool = kvmem::db::connect(&url, connections).await?;
+    let pool = kvmem::system::connect_url(&url, connections).await?;
     kvmem::db::migrate(&pool).await?;
     Ok((pool, url))
 }

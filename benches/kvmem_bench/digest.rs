@@ -167,7 +167,7 @@ pub(super) async fn digest_load(env: &Env) -> Result<Value> {
     let settings = Settings::defaults()
         .with(json!({"concurrency": echo_workers.max(1), "claim_batch": 0, "log_level": "warn"}))?;
     let deps = system::deps(
-        kvmem::db::connect(&url, 16).await?,
+        system::connect_url(&url, 16).await?,
         Arc::new(settings),
         Model::Echo {
             delay: Duration::ZERO,
@@ -182,7 +182,7 @@ pub(super) async fn digest_load(env: &Env) -> Result<Value> {
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let writers = kvmem::db::connect(&url, 32).await?;
+    let writers = system::connect_url(&url, 32).await?;
     let server_now = "SELECT clock_timestamp()";
     let start: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar(server_now).fetch_one(&pool).await?;

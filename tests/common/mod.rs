@@ -100,6 +100,31 @@ pub fn deps(pool: &PgPool, settings: Settings, model: Model, worker_id: &str) ->
     .expect("system deps")
 }
 
+/// The HTTP API on loopback and, when given, a worker on `deps`, as `kvmem serve` runs
+/// them. Both stop when the guard drops, so a failed assertion does not leave them running.
+pub struct Served {
+    pub base: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Starts a [`Served`] over `state`.
+pub async fn serve(state: kvmem::http::AppState, worker: Option<Deps>) -> Served {
+    let shutdown = CancellationToken::new();
+    if let Some(deps) = worker {
+        tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    Served { base, shutdown }
+}
+
 /// Runs turns until the queue has nothing runnable; returns the outcomes.
 pub async fn drain(deps: &Deps) -> Vec<Outcome> {
     let never = CancellationToken::new();

@@ -13,12 +13,7 @@ use sqlx::PgPool;
 
 /// The memory lane's service without an embedder (lexical), as the worker makes it.
 fn lane(pool: &PgPool, s: &kvmem::config::Settings) -> MemoryService {
-    MemoryService {
-        pool: pool.clone(),
-        config: MemoryConfig::from_settings(s).unwrap(),
-        embedder: None,
-        extractor: None,
-    }
+    kvmem::system::memory_service_on(pool.clone(), MemoryConfig::from_settings(s).unwrap(), None)
 }
 
 /// [`lane`] with SmolLM2 as its extraction model, on a thread of its own.

@@ -7,7 +7,7 @@
 use crate::common;
 
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::memory::req;
@@ -19,43 +19,30 @@ use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
 
+/// The process's one copy of the model at `path`, shared with the binary's other tests.
 fn loaded(path: std::path::PathBuf) -> Arc<Embedder> {
-    Arc::new(Embedder::load(&path, 1).expect("load the embedder"))
-}
-
-fn minilm_embedder() -> Arc<Embedder> {
-    static E: OnceLock<Arc<Embedder>> = OnceLock::new();
-    E.get_or_init(|| loaded(minilm())).clone()
-}
-
-fn e5_embedder() -> Arc<Embedder> {
-    static E: OnceLock<Arc<Embedder>> = OnceLock::new();
-    E.get_or_init(|| loaded(e5())).clone()
+    Embedder::shared(&path, 1).expect("load the embedder")
 }
 
 fn service(pool: &PgPool, embedder: Arc<Embedder>, path: std::path::PathBuf) -> MemoryService {
-    MemoryService {
-        pool: pool.clone(),
-        config: MemoryConfig {
-            embed_model_path: Some(path),
-            ranker: RankerKind::Hybrid,
-            keep_user: 80,
-            keep_lore: 120,
-            exact_search_max: 20_000,
-            n_threads: 1,
-        },
-        embedder: Some(embedder),
-        extractor: None,
-    }
+    let config = MemoryConfig {
+        embed_model_path: Some(path),
+        ranker: RankerKind::Hybrid,
+        keep_user: 80,
+        keep_lore: 120,
+        exact_search_max: 20_000,
+        n_threads: 1,
+    };
+    kvmem::system::memory_service_on(pool.clone(), config, Some(embedder))
 }
 
 async fn minilm_service(pool: &PgPool) -> MemoryService {
     common::migrate(pool).await;
-    service(pool, minilm_embedder(), minilm())
+    service(pool, loaded(minilm()), minilm())
 }
 
 fn e5_service(pool: &PgPool) -> MemoryService {
-    service(pool, e5_embedder(), e5())
+    service(pool, loaded(e5()), e5())
 }
 
 async fn remember(svc: &MemoryService, user: &str, text: &str) {
@@ -175,7 +162,7 @@ async fn reindex_killed_midway_resumes_and_loses_nothing(pool: PgPool) {
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     import_session(&old, "dana", &borrowed).await;
-    let new_id = e5_embedder().id.clone();
+    let new_id = loaded(e5()).id.clone();
     let of_new = |pool: PgPool, id: String| async move {
         let n: i64 =
             sqlx::query_scalar("SELECT count(*) FROM memory_messages WHERE embed_model = $1")

@@ -7,7 +7,7 @@ use crate::common;
 use common::minilm;
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use kvmem::memory::embed::Role;
@@ -19,11 +19,9 @@ use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upser
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
 
-/// One embedder for the whole test binary: loading it per test would only cost time.
+/// The process's one MiniLM: loading it per test would only cost time.
 fn embedder() -> Arc<Embedder> {
-    static E: OnceLock<Arc<Embedder>> = OnceLock::new();
-    E.get_or_init(|| Arc::new(Embedder::load(&minilm(), 1).expect("load MiniLM")))
-        .clone()
+    Embedder::shared(&minilm(), 1).expect("load MiniLM")
 }
 
 fn config(path: Option<PathBuf>) -> MemoryConfig {
@@ -39,12 +37,7 @@ fn config(path: Option<PathBuf>) -> MemoryConfig {
 
 async fn service(pool: &PgPool) -> MemoryService {
     common::migrate(pool).await;
-    MemoryService {
-        pool: pool.clone(),
-        config: config(Some(minilm())),
-        embedder: Some(embedder()),
-        extractor: None,
-    }
+    kvmem::system::memory_service_on(pool.clone(), config(Some(minilm())), Some(embedder()))
 }
 
 fn at(s: &str) -> DateTime<Utc> {

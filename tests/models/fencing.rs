@@ -18,7 +18,6 @@ use common::*;
 use kvmem::snapshot::{self, Limits};
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 const SID: &str = "stall_1";
 const USER: &str = "u_stall";
@@ -323,15 +322,10 @@ async fn a_worker_killed_mid_stream_leaves_a_whole_reply_and_a_clear_error(pool:
         cmd.spawn().expect("spawn kvmem worker")
     };
     let mut doomed = spawn(true);
-    let shutdown = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let chat_url = format!(
-        "http://{}/v1/chat/completions",
-        listener.local_addr().unwrap()
-    );
     let state =
         kvmem::http::AppState::new(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
-    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    let api = serve(state, None).await;
+    let chat_url = format!("{}/v1/chat/completions", api.base);
     let mut tap = StreamTap::session(&pool, "s-kill").await;
     let request = json!({"session_id": "s-kill", "user": "u1", "character_id": ch, "stream": true,
                          "messages": [{"role": "user", "content": "Describe the outpost we found."}]});
@@ -413,6 +407,6 @@ async fn a_worker_killed_mid_stream_leaves_a_whole_reply_and_a_clear_error(pool:
     let events = sse_events(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     assert_eq!(sse_content(&sse_chunks(&events)), reply);
-    shutdown.cancel();
+    drop(api);
     terminate(rescuer).await;
 }

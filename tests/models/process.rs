@@ -15,7 +15,6 @@ use common::*;
 use kvmem::config::Settings;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 fn worker(url: &str, kv_dir: &std::path::Path) -> Child {
     kvmem_command(url)
@@ -138,17 +137,13 @@ async fn cli_enqueue_reports_bad_input(pool: PgPool) {
 
 /// A SmolLM2 worker and the HTTP API in this process, as `kvmem serve` runs them, on a pool
 /// of their own: they hold several listening connections, and the test's pool has five.
-/// Returns the server's base URL and what stops both.
-async fn serve(pool: &PgPool, s: Settings, worker_id: &str) -> (String, CancellationToken) {
-    let served = kvmem::db::connect(&db_url(pool).await, 16).await.unwrap();
-    let deps = llama_deps(&served, s.clone(), load_engine(&smollm2(), &s), worker_id);
-    let shutdown = CancellationToken::new();
-    tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let state = kvmem::http::AppState::new(served, Arc::new(s), "ab".repeat(32));
-    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
-    (base, shutdown)
+async fn smollm2_api(pool: &PgPool, s: Settings, worker_id: &str) -> Served {
+    let own = kvmem::system::connect_url(&db_url(pool).await, 16)
+        .await
+        .unwrap();
+    let deps = llama_deps(&own, s.clone(), load_engine(&smollm2(), &s), worker_id);
+    let state = kvmem::http::AppState::new(own, Arc::new(s), "ab".repeat(32));
+    serve(state, Some(deps)).await
 }
 
 /// A chat request with `"stream": true`.
@@ -254,7 +249,8 @@ async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool)
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
     let s = settings(json!({"kv_dir": dir.path(), "n_ctx": 1024, "reply_max_tokens": 48}));
-    let (base, shutdown) = serve(&pool, s, "w-gone").await;
+    let api = smollm2_api(&pool, s, "w-gone").await;
+    let base = &api.base;
     let url = format!("{base}/v1/chat/completions");
     let request = streamed(
         "s-gone",
@@ -314,7 +310,6 @@ async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool)
         messages, 2,
         "the user's message and the whole reply are in the dialogue"
     );
-    shutdown.cancel();
 }
 
 /// What the OpenAI Python SDK prints of a streamed chat: each chunk as a JSON line. Then
@@ -344,7 +339,8 @@ async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
         json!({"kv_dir": dir.path(), "n_ctx": 1024, "kv_tail_tokens": 900,
                             "reply_max_tokens": 32}),
     );
-    let (base, shutdown) = serve(&pool, s, "sse-worker").await;
+    let api = smollm2_api(&pool, s, "sse-worker").await;
+    let base = &api.base;
     let reply_of = |id: i64| {
         let pool = pool.clone();
         async move { stored_reply(&pool, id).await.0 }
@@ -476,5 +472,4 @@ async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
             "{body}"
         );
     }
-    shutdown.cancel();
 }

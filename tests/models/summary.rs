@@ -47,7 +47,8 @@ fn config() -> SummaryConfig {
 
 async fn service(pool: &PgPool, engine: Arc<Engine>, config: SummaryConfig) -> SummaryService {
     common::migrate(pool).await;
-    SummaryService::with_engine(pool.clone(), config, engine).expect("summary service")
+    kvmem::system::summary_service_on(pool.clone(), config, Some(engine), None)
+        .expect("summary service")
 }
 
 fn at(h: u32, m: u32) -> DateTime<Utc> {

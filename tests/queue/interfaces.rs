@@ -7,23 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvmem::http::{self, AppState};
+use kvmem::http::AppState;
 use kvmem::runner::{self, Deps};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-/// A server and a worker on loopback; both stop when the guard drops.
-struct Server {
-    base: String,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
 
 /// `metrics` is what `/metrics` renders: the test's own registry, never another test's.
 async fn start(
@@ -31,17 +19,10 @@ async fn start(
     pool: &PgPool,
     settings: kvmem::config::Settings,
     metrics: Arc<kvmem::metrics::Metrics>,
-) -> Server {
-    let shutdown = CancellationToken::new();
-    if let Some(deps) = deps {
-        tokio::spawn(runner::run(deps, shutdown.clone()));
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+) -> Served {
     let state =
         AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32)).with_metrics(metrics);
-    tokio::spawn(http::serve(listener, state, shutdown.clone()));
-    Server { base, shutdown }
+    serve(state, deps).await
 }
 
 fn chat(session: &str, user: &str, character: i64, text: &str) -> Value {

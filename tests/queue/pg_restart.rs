@@ -185,7 +185,7 @@ async fn workers_survive_a_postgres_crash_and_lose_nothing() {
 
 async fn outage_under_load(n: u32, how: &str) {
     let cluster = Cluster::start(n);
-    let pool = kvmem::db::connect(&cluster.url, 4).await.unwrap();
+    let pool = kvmem::system::connect_url(&cluster.url, 4).await.unwrap();
     kvmem::db::migrate(&pool).await.unwrap();
     let ch: i64 = sqlx::query_scalar(
         "INSERT INTO user_characters (user_id, name) VALUES ('u', 'Ada') RETURNING id",
@@ -356,7 +356,7 @@ async fn a_worker_started_before_its_database_waits_for_it() {
     let cluster = Cluster::start_tries(2, 1);
     assert_eq!(cluster.url, url);
     let pool = until_ok(|| async {
-        kvmem::db::connect(&cluster.url, 2)
+        kvmem::system::connect_url(&cluster.url, 2)
             .await
             .map_err(|e| e.to_string())
     })

@@ -130,11 +130,7 @@ async fn batched_claims_and_group_commits_keep_every_session_in_order(pool: PgPo
     let mut workers = Vec::new();
     for w in 0..3 {
         // A pool per worker, as in separate processes: each holds two LISTEN connections.
-        let own = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(6)
-            .connect(&url)
-            .await
-            .unwrap();
+        let own = kvmem::system::connect_url(&url, 6).await.unwrap();
         let deps = echo_deps(
             &own,
             settings(

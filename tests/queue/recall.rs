@@ -7,7 +7,7 @@ use crate::common;
 
 use common::*;
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
-use kvmem::memory::{MemoryConfig, MemoryService};
+use kvmem::memory::MemoryConfig;
 use kvmem::snapshot::{SegKind, Segment};
 use sqlx::PgPool;
 
@@ -275,7 +275,11 @@ async fn in_chat_commands_are_carried_out_and_acknowledged(pool: PgPool) {
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
     let (s, _, deps) = rig(&pool, dir.path());
-    let svc = MemoryService::new(pool.clone(), MemoryConfig::from_settings(&s).unwrap()).await;
+    let svc = kvmem::system::memory_service_loading(
+        pool.clone(),
+        MemoryConfig::from_settings(&s).unwrap(),
+    )
+    .await;
 
     // A forget that matches nothing archives nothing and queues nothing.
     let (t, _) = one_turn(&deps, "k1", "u1", ch, "Forget that I like jazz.").await;

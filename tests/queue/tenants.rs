@@ -9,12 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvmem::http::{self, AppState};
+use kvmem::http::AppState;
 use kvmem::queue;
-use kvmem::runner;
 use serde_json::{json, Value};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 const A_SECRET: &str = "A's secret: the vault code is 7319";
 const A_SESSION: &str = "sess_alice_private";
@@ -130,36 +128,14 @@ async fn sql_api_refuses_b_everywhere_and_tells_b_nothing_of_a(pool: PgPool) {
     assert_eq!(a_turns, 1, "nothing of B's entered A's session");
 }
 
-struct Server {
-    base: String,
-    shutdown: CancellationToken,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn serve(pool: &PgPool, settings: kvmem::config::Settings, worker: bool) -> Server {
-    let shutdown = CancellationToken::new();
-    if worker {
-        let deps = echo_deps(pool, settings.clone(), "w-http");
-        tokio::spawn(runner::run(deps, shutdown.clone()));
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+async fn api(pool: &PgPool, settings: kvmem::config::Settings, worker: bool) -> Served {
+    let worker = worker.then(|| echo_deps(pool, settings.clone(), "w-http"));
     // Lexical memory (no embedder): enough to find A's words, and to prove B cannot.
-    let memory = kvmem::memory::MemoryService {
-        pool: pool.clone(),
-        config: kvmem::memory::MemoryConfig::from_settings(&settings).unwrap(),
-        embedder: None,
-        extractor: None,
-    };
+    let config = kvmem::memory::MemoryConfig::from_settings(&settings).unwrap();
+    let memory = kvmem::system::memory_service_on(pool.clone(), config, None);
     let state = AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32))
         .with_memory(Arc::new(memory));
-    tokio::spawn(http::serve(listener, state, shutdown.clone()));
-    Server { base, shutdown }
+    serve(state, worker).await
 }
 
 fn chat(session: &str, user: &str, character: i64, text: &str) -> Value {
@@ -172,7 +148,7 @@ fn chat(session: &str, user: &str, character: i64, text: &str) -> Value {
 #[sqlx::test(migrations = false)]
 async fn http_api_refuses_b_everywhere_and_tells_b_nothing_of_a(pool: PgPool) {
     let f = fixture(&pool).await;
-    let server = serve(&pool, settings(json!({})), true).await;
+    let server = api(&pool, settings(json!({})), true).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", server.base);
 
@@ -312,7 +288,7 @@ async fn http_api_needs_the_token_and_bounds_requests(pool: PgPool) {
         "http_max_in_flight": 1, "http_max_timeout_ms": 2000,
     }));
     // No worker: turns stay queued, so a request waits for its (capped) timeout.
-    let server = serve(&pool, s, false).await;
+    let server = api(&pool, s, false).await;
     let client = reqwest::Client::new();
     let url = format!("{}/v1/chat/completions", server.base);
     let body = chat("sess_bob", "bob", f.b_char, "hello");
@@ -521,7 +497,7 @@ async fn todos_are_walled_by_user_and_character(pool: PgPool) {
     assert_eq!(status, "open");
 
     // HTTP: A reads A's own todo; B with A's character or B's own gets an empty list.
-    let server = serve(&pool, settings(json!({})), false).await;
+    let server = api(&pool, settings(json!({})), false).await;
     let client = reqwest::Client::new();
     let get = |user: &str, ch: i64| {
         client

@@ -55,32 +55,6 @@ pub struct MemoryService {
 }
 
 impl MemoryService {
-    /// Takes the process's embedder (loaded on first use, then shared by every service) if
-    /// it can. A missing or broken model file is not an error (seed
-    /// 004's graceful degradation): a loud warning on stderr, an event row, and retrieval
-    /// falls back to lexical scoring.
-    pub async fn new(pool: PgPool, config: MemoryConfig) -> MemoryService {
-        let embedder = match &config.embed_model_path {
-            None => {
-                degrade(&pool, "no memory_embed_model_path configured").await;
-                None
-            }
-            Some(path) => match Embedder::shared(path, config.n_threads) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    degrade(&pool, &e.to_string()).await;
-                    None
-                }
-            },
-        };
-        MemoryService {
-            pool,
-            config,
-            embedder,
-            extractor: None,
-        }
-    }
-
     pub fn with_extractor(mut self, extractor: Arc<dyn Extractor>) -> MemoryService {
         self.extractor = Some(extractor);
         self
@@ -134,12 +108,4 @@ impl MemoryService {
     pub fn related_cosine(&self) -> Option<f64> {
         self.embedder.as_deref().map(|e| e.related_cosine)
     }
-}
-
-async fn degrade(pool: &PgPool, reason: &str) {
-    eprintln!(
-        "WARNING: memory embedder unavailable ({reason}); search and import fall back to \
-         lexical scoring until vectors are backfilled (`kvmem memory reindex`)"
-    );
-    event(pool, "memory_embedder_unavailable", reason, None).await;
 }

@@ -28,7 +28,6 @@ use std::sync::Arc;
 use sqlx::PgPool;
 
 use crate::config::Settings;
-use crate::engine::{Busy, Engine};
 
 /// Errors of the summary layer. Model failures are a variant of their own: callers degrade
 /// on them (seed 004) instead of failing.
@@ -96,44 +95,6 @@ pub struct SummaryService {
 }
 
 impl SummaryService {
-    /// A service around an already loaded engine (tests, benchmarks, the CLI).
-    pub fn with_engine(
-        pool: PgPool,
-        config: SummaryConfig,
-        engine: Arc<Engine>,
-    ) -> Result<SummaryService> {
-        SummaryService::yielding(pool, config, engine, None)
-    }
-
-    /// [`SummaryService::with_engine`] whose model thread gives way while `busy` says live
-    /// turns need the cores (a worker's summary lane).
-    pub fn yielding(
-        pool: PgPool,
-        config: SummaryConfig,
-        engine: Arc<Engine>,
-        busy: Option<Busy>,
-    ) -> Result<SummaryService> {
-        let llm =
-            llm::Summarizer::start(engine, busy).map_err(|e| SummaryError::Model(e.to_string()))?;
-        Ok(SummaryService::new(pool, config, Some(Arc::new(llm))))
-    }
-
-    /// A service with or without a model. Without one, every summary job fails with a
-    /// recorded reason and the user context degrades to what the database holds.
-    pub fn new(
-        pool: PgPool,
-        config: SummaryConfig,
-        llm: Option<Arc<llm::Summarizer>>,
-    ) -> SummaryService {
-        let caches = Arc::new(cache::Caches::new(config.cache_capacity));
-        SummaryService {
-            pool,
-            config,
-            llm,
-            caches,
-        }
-    }
-
     /// The model, or the reason there is none.
     pub fn model(&self) -> Result<&llm::Summarizer> {
         self.llm

@@ -379,7 +379,7 @@ async fn remember_and_forget_report_found_and_not_found(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn missing_embedder_degrades_to_lexical(pool: PgPool) {
     common::migrate(&pool).await;
-    let svc = MemoryService::new(
+    let svc = kvmem::system::memory_service_loading(
         pool.clone(),
         config(Some(PathBuf::from("/nonexistent/minilm.gguf"))),
     )

@@ -120,7 +120,7 @@ fn rankers_match_hand_computed_scores() {
 #[sqlx::test(migrations = false)]
 async fn weighted_no_semantic_scores_a_stored_message_by_hand(pool: PgPool) {
     common::migrate(&pool).await;
-    let svc = MemoryService::new(
+    let svc = kvmem::system::memory_service_loading(
         pool.clone(),
         config(Some(PathBuf::from("/nonexistent/minilm.gguf"))),
     )

@@ -126,8 +126,8 @@ async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("minilm.gguf");
     std::os::unix::fs::symlink(minilm(), &path).unwrap();
-    let a = MemoryService::new(pool.clone(), config(Some(path.clone()))).await;
-    let b = MemoryService::new(pool.clone(), config(Some(path.clone()))).await;
+    let a = kvmem::system::memory_service_loading(pool.clone(), config(Some(path.clone()))).await;
+    let b = kvmem::system::memory_service_loading(pool.clone(), config(Some(path.clone()))).await;
     import_fixture(&a).await;
     for svc in [&a, &b] {
         let res = search::search(svc, &req("alice", "new family dog", RankerKind::Hybrid))

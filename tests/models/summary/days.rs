@@ -64,7 +64,8 @@ async fn cache_keys_invalidation_and_day_rollover(pool: PgPool) {
     assert_eq!(src(&c3, "historical"), Some(Source::Memory));
 
     // Another worker (empty caches, same database) reuses the stored results.
-    let other = SummaryService::with_engine(pool.clone(), roomy(), tiny_engine()).unwrap();
+    let other = kvmem::system::summary_service_on(pool.clone(), roomy(), Some(tiny_engine()), None)
+        .unwrap();
     let c4 = daily::user_context(&other, "g1", "u1", at(15, 30))
         .await
         .unwrap();
@@ -155,7 +156,8 @@ async fn a_failing_model_degrades_to_what_exists_in_priority_order(pool: PgPool)
     ] {
         *b = 100_000;
     }
-    let bad = SummaryService::with_engine(pool.clone(), broken, tiny_engine()).unwrap();
+    let bad =
+        kvmem::system::summary_service_on(pool.clone(), broken, Some(tiny_engine()), None).unwrap();
     // Stored day summaries still serve; the merge fails and falls back.
     sqlx::query("INSERT INTO memory_blobs (user_id, guild_id, blob) VALUES ('u1', '', 'u1 is a nurse in Porto.') ON CONFLICT (user_id, guild_id) DO UPDATE SET blob = EXCLUDED.blob")
         .execute(&pool)
@@ -198,7 +200,7 @@ async fn a_failing_model_degrades_to_what_exists_in_priority_order(pool: PgPool)
     assert_eq!(events, 2);
 
     // No model at all: facts only, and the rolling summary records why it failed.
-    let none = SummaryService::new(pool.clone(), config(), None);
+    let none = kvmem::system::summary_service_on(pool.clone(), config(), None, None).unwrap();
     let c = daily::user_context(
         &none,
         "",

@@ -167,15 +167,13 @@ async fn cli_shows_each_user_only_their_own_summaries(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn http_summary_route_serves_the_caller_only(pool: PgPool) {
     let (a, b) = two_tenants(&pool).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
     let state = kvmem::http::AppState::new(
         pool.clone(),
         Arc::new(common::settings(json!({}))),
         String::new(),
     );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
+    let api = common::serve(state, None).await;
+    let base = &api.base;
     let client = reqwest::Client::new();
     let get = |user: &str, character: i64| {
         client
@@ -215,5 +213,4 @@ async fn http_summary_route_serves_the_caller_only(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(r.status(), 400, "a character that is not a number");
-    shutdown.cancel();
 }
