@@ -7,7 +7,6 @@
 use crate::common;
 
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::memory::req;
@@ -19,12 +18,10 @@ use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
 
-/// The process's one copy of the model at `path`, shared with the binary's other tests.
-fn loaded(path: std::path::PathBuf) -> Arc<Embedder> {
-    Embedder::shared(&path, 1).expect("load the embedder")
-}
-
-fn service(pool: &PgPool, embedder: Arc<Embedder>, path: std::path::PathBuf) -> MemoryService {
+/// A hybrid service over the process's one copy of the model at `path` (shared with the
+/// binary's other tests); a model that does not load fails the test here, not later.
+fn service(pool: &PgPool, path: std::path::PathBuf) -> MemoryService {
+    let embedder = Embedder::shared(&path, 1).expect("load the embedder");
     let config = MemoryConfig {
         embed_model_path: Some(path),
         ranker: RankerKind::Hybrid,
@@ -38,11 +35,11 @@ fn service(pool: &PgPool, embedder: Arc<Embedder>, path: std::path::PathBuf) -> 
 
 async fn minilm_service(pool: &PgPool) -> MemoryService {
     common::migrate(pool).await;
-    service(pool, loaded(minilm()), minilm())
+    service(pool, minilm())
 }
 
 fn e5_service(pool: &PgPool) -> MemoryService {
-    service(pool, loaded(e5()), e5())
+    service(pool, e5())
 }
 
 async fn remember(svc: &MemoryService, user: &str, text: &str) {
@@ -162,7 +159,7 @@ async fn reindex_killed_midway_resumes_and_loses_nothing(pool: PgPool) {
         .map(|(a, b)| (a.as_str(), b.as_str()))
         .collect();
     import_session(&old, "dana", &borrowed).await;
-    let new_id = loaded(e5()).id.clone();
+    let new_id = e5_service(&pool).model_id().unwrap().to_string();
     let of_new = |pool: PgPool, id: String| async move {
         let n: i64 =
             sqlx::query_scalar("SELECT count(*) FROM memory_messages WHERE embed_model = $1")
