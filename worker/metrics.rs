@@ -158,8 +158,13 @@ impl Metrics {
             ),
             (
                 "snapshot_cache_evictions",
-                "Cached snapshots deleted to stay under KVMEM_KV_CACHE_BYTES",
+                "Snapshot files deleted to stay under KVMEM_KV_CACHE_BYTES",
                 &cache.evictions,
+            ),
+            (
+                "snapshot_quarantine_removed",
+                "Quarantined snapshot files and objects removed after KVMEM_KV_QUARANTINE_DAYS",
+                &cache.quarantine_removed,
             ),
             (
                 "snapshot_remote_errors",

@@ -202,7 +202,12 @@ fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStor
     };
     let snap = &settings.snapshot;
     match snap.store {
-        SnapshotStoreKind::Local => Ok(SnapshotStore::local(&snap.dir, limits)),
+        SnapshotStoreKind::Local => Ok(SnapshotStore::local(
+            &snap.dir,
+            limits,
+            snap.cache_bytes,
+            metrics.snapshot_cache(),
+        )),
         SnapshotStoreKind::S3 => {
             let config = snapshot::RemoteConfig {
                 endpoint: snap.s3_endpoint.clone(),
@@ -212,9 +217,9 @@ fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStor
                 secret_access_key: snap.s3_secret_access_key.clone(),
                 prefix: snap.s3_prefix.clone(),
                 timeout: std::time::Duration::from_millis(snap.s3_timeout_ms),
-                cache_bytes: snap.cache_bytes,
             };
-            SnapshotStore::remote(&snap.dir, limits, &config, metrics.snapshot_cache())
+            let cap = snap.cache_bytes;
+            SnapshotStore::remote(&snap.dir, limits, &config, cap, metrics.snapshot_cache())
                 .map_err(|e| SystemError::Settings(format!("snapshot store: {e}")))
         }
     }

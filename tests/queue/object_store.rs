@@ -430,3 +430,94 @@ async fn claims_prefer_the_last_worker_for_a_bounded_wait(pool: PgPool) {
             .unwrap();
     assert_eq!(last, "w2");
 }
+
+/// What `erase` and the quarantine sweep remove from the bucket and the directory, and
+/// that another scope's snapshot and quarantined copies are left alone.
+#[sqlx::test(migrations = false)]
+async fn erase_and_the_quarantine_sweep_remove_one_scope_from_the_bucket_and_the_cache(
+    pool: PgPool,
+) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let (bucket, s3) = bucket("erase").await;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = s3_settings(dir.path(), &bucket, serde_json::json!({}));
+    let engine = load_engine(&tiny_model(), &settings);
+    let w = llama_deps(&pool, settings, engine, "w1");
+    for sid in ["s1", "s2"] {
+        one_turn(&w, sid, "u1", ch, "Hello there, Ada.").await;
+    }
+    let (gone, kept) = (
+        kvmem::snapshot::scope_key("u1", ch, "s1"),
+        kvmem::snapshot::scope_key("u1", ch, "s2"),
+    );
+    let now = chrono::Utc::now().timestamp_millis();
+    let quarantined = |scope: &str, at: i64| {
+        ObjectPath::from(format!("kvmem/snapshots/quarantine/{scope}.{at}.bad"))
+    };
+    for (scope, at, len) in [
+        (&gone, now, 7),
+        (&gone, 1000, 5),
+        (&kept, now, 3),
+        (&kept, 1000, 2),
+    ] {
+        s3.put(&quarantined(scope, at), PutPayload::from(vec![0u8; len]))
+            .await
+            .unwrap();
+    }
+    std::fs::write(dir.path().join(format!("{gone}.{now}.bad")), [0u8; 11]).unwrap();
+    let object_len = s3.head(&object(&gone)).await.unwrap().size;
+    let file_len = std::fs::metadata(dir.path().join(format!("{gone}.llkv")))
+        .unwrap()
+        .len();
+    let kvmem::runner::Generator::Llama(pipeline) = &w.generator else {
+        panic!("a llama worker")
+    };
+    let erased = pipeline.store.erase(&gone).await.unwrap();
+    assert_eq!(
+        erased,
+        kvmem::snapshot::ScopeErased {
+            files: 1,
+            quarantined: 1,
+            objects: 3,
+            bytes: file_len + 11 + object_len + 7 + 5,
+        }
+    );
+    let left = keys(&s3).await;
+    assert!(left.iter().all(|k| !k.contains(&gone)), "{left:?}");
+    assert_eq!(
+        left.iter().filter(|k| k.contains(&kept)).count(),
+        3,
+        "{left:?}"
+    );
+    let files = files_with_ext(dir.path(), "");
+    assert!(
+        files.iter().all(|f| !f.to_string_lossy().contains(&gone)),
+        "{files:?}"
+    );
+    assert!(dir.path().join(format!("{kept}.llkv")).exists());
+    assert_eq!(
+        pipeline.store.erase(&gone).await.unwrap(),
+        kvmem::snapshot::ScopeErased::default()
+    );
+    // The sweep takes the other scope's old quarantined object, not its recent one.
+    let swept = pipeline
+        .store
+        .sweep_quarantine(std::time::Duration::from_secs(7 * 86400))
+        .await
+        .unwrap();
+    assert_eq!((swept.files, swept.objects, swept.bytes), (0, 1, 2));
+    let left = keys(&s3).await;
+    assert!(
+        left.contains(&quarantined(&kept, now).to_string()),
+        "{left:?}"
+    );
+    assert!(
+        !left.contains(&quarantined(&kept, 1000).to_string()),
+        "{left:?}"
+    );
+    assert_eq!(
+        counter(&w, "kvmem_snapshot_quarantine_removed_total").await,
+        1.0
+    );
+}

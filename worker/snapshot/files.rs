@@ -182,12 +182,96 @@ impl FileStore {
         Ok(removed)
     }
 
+    /// The quarantined copies here (`<scope>.<millis>.bad`), with the scope, when each was
+    /// moved aside, and its size.
+    pub fn quarantined(&self) -> io::Result<Vec<Quarantined>> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut found = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((scope, at_millis)) = parse_quarantined(&name) else {
+                continue;
+            };
+            found.push(Quarantined {
+                scope: scope.to_string(),
+                at_millis,
+                len: entry.metadata()?.len(),
+                path: entry.path(),
+            });
+        }
+        Ok(found)
+    }
+
+    /// Deletes the quarantined copies moved aside before `before_millis` (Unix time);
+    /// returns how many went and their bytes.
+    pub fn sweep_quarantine(&self, before_millis: u64) -> io::Result<(u64, u64)> {
+        let (mut removed, mut bytes) = (0, 0);
+        for q in self.quarantined()? {
+            if q.at_millis < before_millis && remove_if_there(&q.path)? {
+                removed += 1;
+                bytes += q.len;
+            }
+        }
+        Ok((removed, bytes))
+    }
+
+    /// Deletes a scope's snapshot and its quarantined copies; returns (files, quarantined
+    /// copies, bytes) removed. Nothing there removes nothing.
+    pub fn erase(&self, scope: &str) -> io::Result<(u64, u64, u64)> {
+        let (mut files, mut quarantined, mut bytes) = (0, 0, 0);
+        let path = self.path(scope);
+        let len = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        if remove_if_there(&path)? {
+            files += 1;
+            bytes += len;
+        }
+        for q in self.quarantined()? {
+            if q.scope == scope && remove_if_there(&q.path)? {
+                quarantined += 1;
+                bytes += q.len;
+            }
+        }
+        Ok((files, quarantined, bytes))
+    }
+
     /// Removes a session's snapshot (after a rollback run, or by ops).
     pub fn remove(&self, scope: &str) -> io::Result<()> {
         match fs::remove_file(self.path(scope)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
+    }
+}
+
+/// A quarantined copy of a scope's snapshot.
+#[derive(Debug, Clone)]
+pub struct Quarantined {
+    pub path: PathBuf,
+    pub scope: String,
+    /// When it was moved aside, in Unix milliseconds (from its name).
+    pub at_millis: u64,
+    pub len: u64,
+}
+
+/// `<scope>.<millis>.bad` into its scope and stamp; the same name is used for a quarantined
+/// object's last path segment.
+pub fn parse_quarantined(name: &str) -> Option<(&str, u64)> {
+    let (scope, stamp) = name.strip_suffix(".bad")?.rsplit_once('.')?;
+    let at = stamp.parse().ok()?;
+    (!scope.is_empty() && !scope.starts_with('.')).then_some((scope, at))
+}
+
+/// Deletes a file; false when it was already gone.
+fn remove_if_there(path: &Path) -> io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
     }
 }
 
@@ -279,6 +363,51 @@ mod tests {
             missing.sweep_stale_tmp(std::time::Duration::ZERO).unwrap(),
             0
         );
+    }
+
+    #[test]
+    fn erase_removes_a_scopes_file_and_quarantined_copies_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path(), Limits::LOOSE);
+        for (name, len) in [
+            ("aa.llkv", 10),
+            ("aa.1700000000000.bad", 7),
+            ("aa.1700000000001.bad", 5),
+            ("aab.llkv", 3),
+            ("aab.1700000000000.bad", 2),
+            ("bb.llkv", 4),
+        ] {
+            std::fs::write(dir.path().join(name), vec![0u8; len]).unwrap();
+        }
+        assert_eq!(store.erase("aa").unwrap(), (1, 2, 22));
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["aab.1700000000000.bad", "aab.llkv", "bb.llkv"]);
+        assert_eq!(store.erase("aa").unwrap(), (0, 0, 0));
+    }
+
+    #[test]
+    fn quarantine_older_than_the_retention_is_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path(), Limits::LOOSE);
+        for name in [
+            "s1.1000.bad",
+            "s2.3000.bad",
+            "s3.llkv",
+            "junk.bad",
+            ".s4.1000.bad",
+        ] {
+            std::fs::write(dir.path().join(name), b"xy").unwrap();
+        }
+        assert_eq!(store.sweep_quarantine(2000).unwrap(), (1, 2));
+        assert!(!dir.path().join("s1.1000.bad").exists());
+        for kept in ["s2.3000.bad", "s3.llkv", "junk.bad", ".s4.1000.bad"] {
+            assert!(dir.path().join(kept).exists(), "{kept}");
+        }
+        assert_eq!(store.sweep_quarantine(2000).unwrap(), (0, 0));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! front of an object store ([`store`]). The pipeline decides when a snapshot is trusted;
 //! this module only guarantees that a damaged or foreign file is never read as a good one.
 
+pub mod cache;
 pub mod files;
 pub mod format;
+pub mod remote;
 pub mod store;
 
 pub use files::{scope_key, FileStore, Loaded};
@@ -12,4 +14,4 @@ pub use format::{
     decode, encode, parse_header, parse_segments, render_segments, Compression, Header, Limits,
     SegKind, Segment, Snapshot, SnapshotError, FORMAT_VERSION, MAGIC,
 };
-pub use store::{CacheCounters, RemoteConfig, SnapshotStore, Source};
+pub use store::{CacheCounters, QuarantineSwept, RemoteConfig, ScopeErased, SnapshotStore, Source};

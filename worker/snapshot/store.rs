@@ -1,80 +1,52 @@
 //! Where snapshots live: the snapshot files on local disk by default, or an object store
-//! (S3-compatible, through `object_store`) with those files as a byte-capped LRU cache in
-//! front of it, so a session's turn can land on any worker of a fleet and still resume warm.
-//! Only bytes move here: every check of the format and of the pipeline is the same for both.
+//! (S3-compatible, [`super::remote`]) with those files as a cache in front of it, so a
+//! session's turn can land on any worker of a fleet and still resume warm. Either way the
+//! directory is capped by bytes ([`super::cache`]). Only bytes move here: every check of the
+//! format and of the pipeline is the same for both.
 
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moka::notification::RemovalCause;
-use moka::policy::EvictionPolicy;
-use object_store::aws::AmazonS3Builder;
-use object_store::path::Path as ObjectPath;
-use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig};
-use prometheus_client::metrics::counter::Counter;
+use object_store::PutPayload;
 
+pub use super::cache::CacheCounters;
+use super::cache::Index;
 use super::files::{verify, FileStore, Loaded};
 use super::format::{Header, Limits, SnapshotError};
-
-/// Where an object store is and how to reach it.
-#[derive(Debug, Clone)]
-pub struct RemoteConfig {
-    /// `http://host:port` for an S3-compatible server; unset = AWS itself.
-    pub endpoint: Option<String>,
-    pub bucket: String,
-    pub region: String,
-    pub access_key_id: Option<String>,
-    pub secret_access_key: Option<String>,
-    /// Key prefix: snapshots are `<prefix>/<scope>.llkv`.
-    pub prefix: String,
-    /// Bound on one request, retries included: an unreachable store costs a turn this long,
-    /// and then it runs cold.
-    pub timeout: Duration,
-    /// The local cache's size cap in bytes.
-    pub cache_bytes: u64,
-}
-
-/// The cache's counts, exposed in `/metrics` by whoever registers them.
-#[derive(Debug, Clone, Default)]
-pub struct CacheCounters {
-    /// Loads served by a current snapshot in the local cache.
-    pub hits: Counter,
-    /// Loads that went to the object store (nothing cached, or the cached copy was stale).
-    pub misses: Counter,
-    /// Cached snapshots deleted to stay under the byte cap.
-    pub evictions: Counter,
-    /// Object store requests that failed (unreachable, timed out, refused).
-    pub remote_errors: Counter,
-}
+use super::remote::Remote;
+pub use super::remote::{RemoteConfig, RemoteError};
 
 /// The snapshot store: local files, or an object store behind a local cache.
 #[derive(Clone)]
 pub struct SnapshotStore {
     files: FileStore,
+    /// The directory's byte cap; none when uncapped (local mode with a cap of 0).
+    index: Option<Index>,
     remote: Option<Arc<Remote>>,
-}
-
-struct Remote {
-    store: Arc<dyn ObjectStore>,
-    /// `s3://bucket/prefix`, for logs and quarantine reports.
-    url: String,
-    prefix: String,
-    timeout: Duration,
-    /// Which scopes the cache directory holds and their sizes, in LRU order; evicting one
-    /// deletes its file. The files themselves stay the truth: a file the index lost is only
-    /// a miss.
-    index: moka::sync::Cache<String, u32>,
     counters: CacheCounters,
 }
 
-/// The object store the settings name could not be set up (a bad endpoint or region).
-#[derive(Debug, thiserror::Error)]
-#[error("object store s3://{bucket}: {error}")]
-pub struct RemoteError {
-    bucket: String,
-    error: object_store::Error,
+/// What erasing one scope's snapshots removed, per store.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ScopeErased {
+    /// The scope's snapshot file in the local directory (0 or 1).
+    pub files: u64,
+    /// Its quarantined `<scope>.<millis>.bad` copies in the local directory.
+    pub quarantined: u64,
+    /// Its object and quarantined objects in the object store.
+    pub objects: u64,
+    /// The bytes of everything above.
+    pub bytes: u64,
+}
+
+/// What one quarantine sweep removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantineSwept {
+    pub files: u64,
+    pub objects: u64,
+    pub bytes: u64,
 }
 
 /// Where a snapshot was read from.
@@ -116,116 +88,43 @@ impl std::fmt::Debug for SnapshotStore {
 }
 
 impl SnapshotStore {
-    /// Snapshot files in `dir` and nothing else (the default).
-    pub fn local(dir: impl Into<PathBuf>, limits: Limits) -> SnapshotStore {
+    /// Snapshot files in `dir` and nothing else (the default), the directory capped at
+    /// `cap` bytes by evicting the least recently used (0: no cap).
+    pub fn local(
+        dir: impl Into<PathBuf>,
+        limits: Limits,
+        cap: u64,
+        counters: CacheCounters,
+    ) -> SnapshotStore {
+        let files = FileStore::new(dir, limits);
+        let index = (cap > 0).then(|| Index::new(&files, cap, &counters));
         SnapshotStore {
-            files: FileStore::new(dir, limits),
+            files,
+            index,
             remote: None,
+            counters,
         }
     }
 
-    /// An object store with `dir` as its local cache. Nothing is contacted yet: an
-    /// unreachable store shows at the first load or save, as a cold turn, never here.
+    /// An object store with `dir` as its local cache, capped at `cap` bytes. Nothing is
+    /// contacted yet: an unreachable store shows at the first load or save, as a cold
+    /// turn, never here.
     pub fn remote(
         dir: impl Into<PathBuf>,
         limits: Limits,
         config: &RemoteConfig,
+        cap: u64,
         counters: CacheCounters,
     ) -> Result<SnapshotStore, RemoteError> {
-        let mut builder = AmazonS3Builder::new()
-            .with_bucket_name(&config.bucket)
-            .with_region(&config.region)
-            .with_retry(RetryConfig {
-                max_retries: 2,
-                retry_timeout: config.timeout,
-                ..RetryConfig::default()
-            })
-            .with_client_options(
-                ClientOptions::new()
-                    .with_timeout(config.timeout)
-                    .with_connect_timeout(config.timeout.min(Duration::from_secs(2)))
-                    .with_allow_http(
-                        config
-                            .endpoint
-                            .as_deref()
-                            .is_some_and(|e| e.starts_with("http://")),
-                    ),
-            );
-        if let Some(endpoint) = &config.endpoint {
-            builder = builder.with_endpoint(endpoint);
-        }
-        if let (Some(id), Some(secret)) = (&config.access_key_id, &config.secret_access_key) {
-            builder = builder
-                .with_access_key_id(id)
-                .with_secret_access_key(secret);
-        }
-        let store = builder.build().map_err(|e| RemoteError {
-            bucket: config.bucket.clone(),
-            error: e,
-        })?;
-        Ok(Self::over(
-            dir,
-            limits,
-            Arc::new(store),
-            format!("s3://{}", config.bucket),
-            config,
-            counters,
-        ))
-    }
-
-    /// The cache over any `ObjectStore`; [`remote`](Self::remote) builds the S3 one.
-    fn over(
-        dir: impl Into<PathBuf>,
-        limits: Limits,
-        store: Arc<dyn ObjectStore>,
-        url: String,
-        config: &RemoteConfig,
-        counters: CacheCounters,
-    ) -> SnapshotStore {
+        let remote = Remote::connect(config, counters.clone())?;
         let files = FileStore::new(dir, limits);
-        let evict = (files.clone(), counters.evictions.clone());
-        let index = moka::sync::Cache::builder()
-            .max_capacity(config.cache_bytes)
-            .weigher(|_: &String, bytes: &u32| *bytes)
-            .eviction_policy(EvictionPolicy::lru())
-            .eviction_listener(move |scope: Arc<String>, _, cause| {
-                if cause == RemovalCause::Size {
-                    if let Err(e) = evict.0.remove(&scope) {
-                        tracing::warn!(error = %e, %scope, "could not delete an evicted snapshot");
-                    }
-                    evict.1.inc();
-                }
-            })
-            .build();
-        // Files left by an earlier run are the cache's start, oldest first so they leave
-        // first; over the cap, the oldest go now.
-        match files.list() {
-            Ok(found) => {
-                for (scope, len) in found {
-                    index.insert(scope, weight(len));
-                }
-                index.run_pending_tasks();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, dir = %files.dir().display(), "could not list cached snapshots")
-            }
-        }
-        let prefix = config.prefix.trim_matches('/').to_string();
-        SnapshotStore {
+        let index = Index::new(&files, cap, &counters);
+        Ok(SnapshotStore {
             files,
-            remote: Some(Arc::new(Remote {
-                store,
-                url: if prefix.is_empty() {
-                    url
-                } else {
-                    format!("{url}/{prefix}")
-                },
-                prefix,
-                timeout: config.timeout,
-                index,
-                counters,
-            })),
-        }
+            index: Some(index),
+            remote: Some(Arc::new(remote)),
+            counters,
+        })
     }
 
     /// The local directory: every snapshot without an object store, the cache with one.
@@ -247,16 +146,8 @@ impl SnapshotStore {
         let loaded = tokio::task::spawn_blocking(move || files.load(&scope_owned))
             .await
             .unwrap_or_else(|e| Loaded::Unreadable(format!("snapshot load panicked: {e}")));
-        if let Some(remote) = &self.remote {
-            // Touch the LRU order; a file the index does not know (its insert raced an
-            // eviction) is indexed again.
-            if let Loaded::Found(snap) = &loaded {
-                if remote.index.get(scope).is_none() {
-                    remote
-                        .index
-                        .insert(scope.to_string(), weight(snap.state.len() as u64));
-                }
-            }
+        if let (Some(index), Loaded::Found(snap)) = (&self.index, &loaded) {
+            index.touch(scope, snap.state.len() as u64);
         }
         Read { loaded }
     }
@@ -326,9 +217,9 @@ impl SnapshotStore {
                 // which the next read finds stale and replaces from the bucket: a miss,
                 // never a wrong resume.
                 let (files, scope) = (self.files.clone(), scope.to_string());
-                let index = remote.index.clone();
+                let index = self.index.clone();
                 tokio::task::spawn_blocking(move || match files.save(&scope, &bytes) {
-                    Ok(len) => index.insert(scope, weight(len)),
+                    Ok(len) => index.iter().for_each(|i| i.put(&scope, len)),
                     Err(e) => tracing::warn!(error = %e, "could not cache a fetched snapshot"),
                 });
                 Loaded::Found(Box::new(snap))
@@ -356,7 +247,11 @@ impl SnapshotStore {
             tokio::task::spawn_blocking(move || files.save_with(&scope, &file, &at))
         };
         let Some(remote) = &self.remote else {
-            return local.await.map_err(io::Error::other)?;
+            let len = local.await.map_err(io::Error::other)??;
+            if let Some(index) = &self.index {
+                index.put(scope, len);
+            }
+            return Ok(len);
         };
         let put = async {
             let path = remote.path(scope);
@@ -377,7 +272,9 @@ impl SnapshotStore {
         };
         let (local, put) = tokio::join!(local, put);
         let len = local.map_err(io::Error::other)??;
-        remote.index.insert(scope.to_string(), weight(len));
+        if let Some(index) = &self.index {
+            index.put(scope, len);
+        }
         put.map_err(|e| {
             remote.counters.remote_errors.inc();
             io::Error::other(e)
@@ -395,10 +292,12 @@ impl SnapshotStore {
             .ok()
             .flatten()
             .map(|p| p.display().to_string());
+        if let Some(index) = &self.index {
+            index.forget(scope);
+        }
         let Some(remote) = &self.remote else {
             return local;
         };
-        remote.index.invalidate(scope);
         let from = remote.path(scope);
         let to = remote.quarantine_path(scope);
         let moved = tokio::time::timeout(remote.timeout, async {
@@ -421,46 +320,73 @@ impl SnapshotStore {
         }
     }
 
-    /// Runs the cache's pending evictions now (they otherwise run as the cache is used);
-    /// returns the bytes it holds after.
+    /// Runs the cap's pending evictions now (they otherwise run as the index is used);
+    /// returns the bytes it holds after (0 when uncapped).
     pub fn settle_cache(&self) -> u64 {
-        match &self.remote {
-            Some(remote) => {
-                remote.index.run_pending_tasks();
-                remote.index.weighted_size()
-            }
-            None => 0,
+        self.index.as_ref().map_or(0, Index::held)
+    }
+
+    /// Brings the cap's index in line with the directory (files another worker sharing it
+    /// wrote or removed) and evicts what is over the cap; the bytes held after.
+    pub fn reconcile(&self) -> u64 {
+        self.index.as_ref().map_or(0, |i| i.learn(&self.files))
+    }
+
+    /// The store's counters (evictions, quarantine removals, object store figures).
+    pub fn counters(&self) -> &CacheCounters {
+        &self.counters
+    }
+
+    /// Deletes a scope's snapshot file, its quarantined `<scope>.<millis>.bad` copies,
+    /// and with an object store its object and its `quarantine/<scope>.*.bad` objects;
+    /// drops it from the cache index. Idempotent: a second call removes nothing.
+    pub async fn erase(&self, scope: &str) -> io::Result<ScopeErased> {
+        let files = self.files.clone();
+        let owned = scope.to_string();
+        let (files, quarantined, bytes) = tokio::task::spawn_blocking(move || files.erase(&owned))
+            .await
+            .map_err(io::Error::other)??;
+        if let Some(index) = &self.index {
+            index.forget(scope);
         }
-    }
-}
-
-impl Remote {
-    fn path(&self, scope: &str) -> ObjectPath {
-        ObjectPath::from(self.key(&format!("{scope}.llkv")))
-    }
-
-    fn quarantine_path(&self, scope: &str) -> ObjectPath {
-        let stamp = chrono::Utc::now().timestamp_millis();
-        ObjectPath::from(self.key(&format!("quarantine/{scope}.{stamp}.bad")))
-    }
-
-    fn key(&self, name: &str) -> String {
-        if self.prefix.is_empty() {
-            name.to_string()
-        } else {
-            format!("{}/{name}", self.prefix)
+        let mut erased = ScopeErased {
+            files,
+            quarantined,
+            objects: 0,
+            bytes,
+        };
+        if let Some(remote) = &self.remote {
+            let (objects, bytes) = remote.within(remote.erase(scope)).await?;
+            erased.objects = objects;
+            erased.bytes += bytes;
         }
+        Ok(erased)
     }
 
-    fn bucket_url(&self) -> &str {
-        match self.url.strip_suffix(&format!("/{}", self.prefix)) {
-            Some(bucket) if !self.prefix.is_empty() => bucket,
-            _ => &self.url,
+    /// Deletes quarantined copies moved aside more than `max_age` ago, in the directory
+    /// and under the object store's `quarantine/` prefix.
+    pub async fn sweep_quarantine(&self, max_age: Duration) -> io::Result<QuarantineSwept> {
+        let now = chrono::Utc::now().timestamp_millis().max(0) as u64;
+        let before = now.saturating_sub(max_age.as_millis() as u64);
+        let files = self.files.clone();
+        let (removed, bytes) = tokio::task::spawn_blocking(move || files.sweep_quarantine(before))
+            .await
+            .map_err(io::Error::other)??;
+        let mut swept = QuarantineSwept {
+            files: removed,
+            objects: 0,
+            bytes,
+        };
+        if let Some(remote) = &self.remote {
+            let (objects, bytes) = remote
+                .within(remote.delete_quarantined(|_, at| at < before))
+                .await?;
+            swept.objects = objects;
+            swept.bytes += bytes;
         }
+        self.counters
+            .quarantine_removed
+            .inc_by(swept.files + swept.objects);
+        Ok(swept)
     }
-}
-
-/// A snapshot's weight in the cache; one larger than 4 GiB counts as 4 GiB.
-fn weight(len: u64) -> u32 {
-    u32::try_from(len).unwrap_or(u32::MAX)
 }
