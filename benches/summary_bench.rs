@@ -217,7 +217,7 @@ async fn lane_kinds(svc: &SummaryService, run: usize) -> Result<Vec<(String, f64
                 out.push((format!("{kind} (refused, stored as an error)"), took));
             }
             jobs::Outcome::Done { .. } => {}
-            jobs::Outcome::Busy => {}
+            jobs::Outcome::Busy | jobs::Outcome::Erased { .. } => {}
         }
     }
 }

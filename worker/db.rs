@@ -26,6 +26,7 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         include_str!("../sql/views/queue.sql"),
     ),
     ("sql/memory/api.sql", include_str!("../sql/memory/api.sql")),
+    ("sql/api/erase.sql", include_str!("../sql/api/erase.sql")),
     (
         "sql/views/memory.sql",
         include_str!("../sql/views/memory.sql"),

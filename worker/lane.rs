@@ -30,12 +30,18 @@ pub enum Outcome {
         kind: String,
         error: String,
     },
+    /// The job's user, character or session was erased while it ran; what it wrote was
+    /// erased again.
+    Erased { job_id: i64 },
 }
 
 /// A claimed job row, as the lane's claim statement returns it.
 pub trait Job: for<'r> sqlx::FromRow<'r, PgRow> + Send + Sync + Unpin {
     fn id(&self) -> i64;
     fn kind(&self) -> &str;
+    /// The user and character the job works for: what an erase that removed the job's
+    /// row while it ran erases again once the job ends.
+    fn owner(&self) -> (&str, Option<i64>);
 }
 
 /// The lane's claim statement, for the lane to bind its parameters to.
@@ -130,13 +136,25 @@ pub async fn run_next<L: Lane>(lane: &L) -> Result<Outcome, L::Error> {
         Err(e) => (None, Some(e.to_string())),
     };
     let state = if error.is_none() { "done" } else { "failed" };
-    sqlx::query(L::FINISH_SQL)
+    let finished = sqlx::query(L::FINISH_SQL)
         .bind(job.id())
         .bind(state)
         .bind(&result)
         .bind(&error)
         .execute(lane.pool())
         .await?;
+    if finished.rows_affected() == 0 {
+        // The row was erased while the job ran: what the job wrote since goes too, and
+        // nothing about it is recorded.
+        let (user, character) = job.owner();
+        sqlx::query(include_str!("../sql/erase/late.sql"))
+            .bind(user)
+            .bind(character)
+            .bind(L::STALE_SECS)
+            .execute(lane.pool())
+            .await?;
+        return Ok(Outcome::Erased { job_id: job.id() });
+    }
     lane.recorded(&job, result.as_ref(), error.as_deref()).await;
     let (job_id, kind) = (job.id(), job.kind().to_string());
     Ok(match error {

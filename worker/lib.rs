@@ -14,13 +14,14 @@
 //! The modules, from the bottom up (a module uses only those below it; CONTRIBUTING.md
 //! draws the picture): foundations ([`config`], [`db`], [`metrics`], [`telemetry`],
 //! [`faults`]); [`snapshot`] and [`engine`]; [`turn`]; [`queue`], [`context`] and [`stream`];
-//! [`memory`] and [`summary`]; [`pipeline`]; [`runner`]; [`system`]; [`http`] and [`cmd`].
+//! [`memory`], [`summary`] and [`erase`]; [`pipeline`]; [`runner`]; [`system`]; [`http`] and [`cmd`].
 
 pub mod cmd;
 pub mod config;
 pub mod context;
 pub mod db;
 pub mod engine;
+pub mod erase;
 pub mod faults;
 pub mod http;
 pub mod lane;

@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use kvmem::cmd::status;
 use kvmem::config::Settings;
 use kvmem::runner::{self, Deps};
+use kvmem::snapshot::SnapshotStore;
 use kvmem::system::{self, Model};
 use kvmem::{db, queue, telemetry};
 use tokio_util::sync::CancellationToken;
@@ -64,6 +65,8 @@ enum Command {
     Memory(kvmem::cmd::memory::MemoryArgs),
     /// Summaries: show, rebuild, work, context, export/import of a context document.
     Summary(kvmem::cmd::summary::SummaryArgs),
+    /// Erase a user, a character or a session everywhere (writes: deletes; idempotent).
+    Erase(kvmem::cmd::erase::EraseArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns.
     Status {
         /// Refresh every N seconds.
@@ -155,6 +158,7 @@ async fn main() -> Result<()> {
         Command::Serve(args) => serve(args, settings).await,
         Command::Replay(args) => replay(args, settings).await,
         Command::Status { watch } => watch_status(watch, &settings).await,
+        Command::Erase(args) => Ok(kvmem::cmd::erase::run(args, settings).await?),
     }
 }
 
@@ -211,13 +215,24 @@ async fn in_process_worker(
     pool: &sqlx::PgPool,
     generator: GeneratorKind,
     shutdown: &CancellationToken,
-) -> Result<Option<tokio::task::JoinHandle<Result<(), runner::WorkerError>>>> {
+) -> Result<(Option<WorkerTask>, SnapshotStore)> {
     if no_worker {
-        return Ok(None);
+        let store = system::snapshot_store(settings, &kvmem::metrics::global())?;
+        return Ok((None, store));
     }
     let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-    Ok(Some(tokio::spawn(runner::run(deps, shutdown.clone()))))
+    // The worker's own store, so its cache index sees what `/v1/erase` removes.
+    let store = match deps.generator.snapshots() {
+        Some(store) => store.clone(),
+        None => system::snapshot_store(settings, &deps.metrics)?,
+    };
+    Ok((
+        Some(tokio::spawn(runner::run(deps, shutdown.clone()))),
+        store,
+    ))
 }
+
+type WorkerTask = tokio::task::JoinHandle<Result<(), runner::WorkerError>>;
 
 async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
     let listen = args.listen;
@@ -231,7 +246,7 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
     let settings = Arc::new(settings);
     let pool = system::database(&settings, settings.queue.concurrency + 8).await?;
     let shutdown = shutdown_on_signal();
-    let worker =
+    let (worker, snapshots) =
         in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
     let model_sha = match &settings.engine.model_path {
         Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
@@ -242,7 +257,9 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, "kvserver listening");
     let memory = system::memory_service(pool.clone(), &settings, true).await?;
-    let state = kvmem::http::AppState::new(pool, settings, model_sha).with_memory(Arc::new(memory));
+    let state = kvmem::http::AppState::new(pool, settings, model_sha)
+        .with_memory(Arc::new(memory))
+        .with_snapshots(snapshots);
     let server = kvmem::http::serve(listener, state, shutdown.clone());
     let Some(mut worker) = worker else {
         return Ok(server.await?);
@@ -284,7 +301,7 @@ async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
         "nothing to replay: give --session or --scenes"
     );
     let shutdown = CancellationToken::new();
-    let worker =
+    let (worker, _) =
         in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
     let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
     let timeout = Duration::from_secs(args.timeout_s);

@@ -194,7 +194,10 @@ pub fn deps(
 
 /// The snapshot store the settings name: files in `snapshot.dir`, or an S3-compatible object
 /// store with that folder as the cache in front of it, counting into `metrics`.
-fn snapshot_store(settings: &Settings, metrics: &Metrics) -> Result<SnapshotStore, SystemError> {
+pub fn snapshot_store(
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<SnapshotStore, SystemError> {
     let limits = Limits {
         max_tokens: settings.engine.n_ctx,
         // f32 K+V of a large model is well under 1 MiB per token.

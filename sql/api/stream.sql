@@ -106,6 +106,9 @@ BEGIN
     SELECT x.turn_id, x.attempt, x.seq, x.text, x.done, x.meta
       FROM jsonb_to_recordset(p_deltas)
            AS x(turn_id bigint, attempt bigint, seq integer, text text, done boolean, meta jsonb)
+     -- An erased turn's deltas are not stored: the key-share lock makes an erase running
+     -- now wait for this insert, then delete what it stored.
+     WHERE EXISTS (SELECT 1 FROM turns t WHERE t.id = x.turn_id FOR KEY SHARE)
     ON CONFLICT DO NOTHING;
     FOR d IN
         SELECT (e.v->>'turn_id')::bigint AS turn_id, e.v->>'session_id' AS session_id,

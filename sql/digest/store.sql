@@ -9,6 +9,11 @@ WITH stored AS (
     SELECT s, v, c, t, f, e, clock_timestamp()
       FROM unnest($1::text[], $2::text[], $3::text[], $4::int4[], $5::int4[], $6::timestamptz[])
            AS u(s, v, c, t, f, e)
+     -- Not for a session that has nothing (erased, sql/api/erase.sql, which holds the
+     -- session's rebuild lock while it deletes): no facts, no turns, no digest yet.
+     WHERE EXISTS (SELECT 1 FROM facts WHERE session_id = u.s)
+        OR EXISTS (SELECT 1 FROM turns WHERE session_id = u.s)
+        OR EXISTS (SELECT 1 FROM state_digest WHERE session_id = u.s)
     ON CONFLICT (session_id) DO UPDATE
        SET digest_version = EXCLUDED.digest_version,
            digest_content = EXCLUDED.digest_content,

@@ -10,6 +10,8 @@ use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams};
 use kvmem::runner::{process_next_turn, Deps, Outcome};
 use kvmem::system::Model;
+use object_store::aws::AmazonS3Builder;
+use object_store::ObjectStore;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -442,4 +444,50 @@ pub async fn stored_reply(pool: &PgPool, turn_id: i64) -> (String, i64) {
         .fetch_one(pool)
         .await
         .unwrap()
+}
+
+/// The S3 server the object-store tests use (`ops/s3`, started by `ops/test`).
+pub fn endpoint() -> String {
+    std::env::var("KVMEM_TEST_S3_ENDPOINT").expect(
+        "KVMEM_TEST_S3_ENDPOINT is not set: run the tests through ops/test (it starts ops/s3)",
+    )
+}
+
+/// A bucket of this test's own, so tests running at once never see each other's objects.
+pub async fn bucket(name: &str) -> (String, Arc<dyn ObjectStore>) {
+    let bucket = format!("{name}-{}", std::process::id()).replace('_', "-");
+    let url = format!("{}/{bucket}", endpoint());
+    let created = reqwest::Client::new()
+        .put(&url)
+        .send()
+        .await
+        .expect("S3 server");
+    assert!(
+        created.status().is_success(),
+        "create bucket: {}",
+        created.status()
+    );
+    let store = AmazonS3Builder::new()
+        .with_endpoint(endpoint())
+        .with_allow_http(true)
+        .with_bucket_name(&bucket)
+        .with_region("us-east-1")
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .build()
+        .unwrap();
+    (bucket, Arc::new(store))
+}
+
+/// The object keys in the bucket.
+pub async fn keys(store: &Arc<dyn ObjectStore>) -> Vec<String> {
+    use futures_util::TryStreamExt;
+    let mut keys: Vec<String> = store
+        .list(None)
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    keys.sort();
+    keys
 }

@@ -30,7 +30,7 @@ fn worker(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Child {
 }
 
 /// [`worker`] before it starts, for a test that sets more of its environment.
-fn worker_command(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Command {
+pub(crate) fn worker_command(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Command {
     let mut cmd = kvmem_command(url);
     cmd.arg("worker")
         .env("KVMEM_MODEL_PATH", tiny_model())
@@ -47,20 +47,20 @@ fn worker_command(url: &str, kv: &Path, stop_at: Option<&str>, log: &Path) -> Co
 }
 
 /// The process state letter from /proc (`T` = stopped).
-fn proc_state(pid: u32) -> Option<char> {
+pub(crate) fn proc_state(pid: u32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces; the state follows it.
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-fn signal(child: &Child, sig: i32) {
+pub(crate) fn signal(child: &Child, sig: i32) {
     // SAFETY: kill() on our own child's pid with a valid signal number.
     let rc = unsafe { libc::kill(child.id() as i32, sig) };
     assert_eq!(rc, 0, "kill({}, {sig})", child.id());
 }
 
 /// Polls until `ready` holds, failing the test with `what` after `limit`.
-async fn until<F, Fut>(what: &str, limit: Duration, mut ready: F)
+pub(crate) async fn until<F, Fut>(what: &str, limit: Duration, mut ready: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -72,7 +72,7 @@ where
     }
 }
 
-async fn wait_stopped(child: &mut Child, log: &Path) {
+pub(crate) async fn wait_stopped(child: &mut Child, log: &Path) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -92,7 +92,7 @@ async fn wait_stopped(child: &mut Child, log: &Path) {
     }
 }
 
-async fn terminate(mut child: Child) {
+pub(crate) async fn terminate(mut child: Child) {
     signal(&child, libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(60);
     while child.try_wait().unwrap().is_none() {
@@ -101,7 +101,7 @@ async fn terminate(mut child: Child) {
     }
 }
 
-fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     let mut s = String::new();
     if let Ok(mut f) = std::fs::File::open(path) {
         let _ = f.read_to_string(&mut s);

@@ -8,6 +8,7 @@ mod batch;
 mod cold_warm;
 mod digest;
 mod engine;
+mod erase;
 mod extract;
 mod fencing;
 mod process;

@@ -114,6 +114,7 @@ fn kind(o: &Outcome) -> (&str, bool) {
         Outcome::Failed { kind, .. } => (kind, false),
         Outcome::Empty => ("empty", true),
         Outcome::Busy => ("busy", true),
+        Outcome::Erased { .. } => ("erased", false),
     }
 }
 

@@ -5,46 +5,11 @@
 
 use crate::common;
 
-use std::sync::Arc;
-
 use common::*;
 use kvmem::runner::Deps;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use sqlx::PgPool;
-
-fn endpoint() -> String {
-    std::env::var("KVMEM_TEST_S3_ENDPOINT").expect(
-        "KVMEM_TEST_S3_ENDPOINT is not set: run the tests through ops/test (it starts ops/s3)",
-    )
-}
-
-/// A bucket of this test's own, so tests running at once never see each other's objects.
-async fn bucket(name: &str) -> (String, Arc<dyn ObjectStore>) {
-    let bucket = format!("{name}-{}", std::process::id()).replace('_', "-");
-    let url = format!("{}/{bucket}", endpoint());
-    let created = reqwest::Client::new()
-        .put(&url)
-        .send()
-        .await
-        .expect("S3 server");
-    assert!(
-        created.status().is_success(),
-        "create bucket: {}",
-        created.status()
-    );
-    let store = AmazonS3Builder::new()
-        .with_endpoint(endpoint())
-        .with_allow_http(true)
-        .with_bucket_name(&bucket)
-        .with_region("us-east-1")
-        .with_access_key_id("test")
-        .with_secret_access_key("test")
-        .build()
-        .unwrap();
-    (bucket, Arc::new(store))
-}
 
 fn s3_settings(
     dir: &std::path::Path,
@@ -58,19 +23,6 @@ fn s3_settings(
     }))
     .with(extra)
     .unwrap()
-}
-
-/// The object keys in the bucket.
-async fn keys(store: &Arc<dyn ObjectStore>) -> Vec<String> {
-    use futures_util::TryStreamExt;
-    let mut keys: Vec<String> = store
-        .list(None)
-        .map_ok(|m| m.location.to_string())
-        .try_collect()
-        .await
-        .unwrap();
-    keys.sort();
-    keys
 }
 
 fn object(scope: &str) -> ObjectPath {

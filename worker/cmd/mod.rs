@@ -4,6 +4,7 @@
 pub mod demo;
 mod demo_memory;
 mod demo_recall;
+pub mod erase;
 pub mod memory;
 pub mod replay;
 mod scene;

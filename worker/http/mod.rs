@@ -24,6 +24,7 @@ use crate::queue;
 
 mod answer;
 mod chat;
+mod erase;
 mod error;
 mod hint;
 mod memory;
@@ -33,6 +34,7 @@ mod sse;
 mod state;
 
 use chat::chat;
+use erase::erase_route;
 use error::ApiError;
 use hint::rotate_hint;
 use memory::{memory_refresh, memory_search, memory_snapshot, memory_summary, memory_todos};
@@ -54,6 +56,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/memory/refresh", post(memory_refresh))
         .route("/v1/memory/summary", get(memory_summary))
         .route("/v1/memory/todos", get(memory_todos))
+        .route("/v1/erase", post(erase_route))
         .layer(DefaultBodyLimit::max(state.settings.http.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))

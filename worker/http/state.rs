@@ -20,6 +20,9 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Long-term memory for `/v1/memory/*` (503 there without it).
     pub memory: Option<Arc<crate::memory::MemoryService>>,
+    /// The snapshot store `/v1/erase` empties (503 there without it): the in-process
+    /// worker's own, so its cache index sees the removals.
+    pub snapshots: Option<crate::snapshot::SnapshotStore>,
     pub(super) done: broadcast::Sender<i64>,
     /// The LISTEN connection streamed replies are followed through.
     pub(super) hub: crate::stream::Hub,
@@ -35,6 +38,7 @@ impl AppState {
             model_sha,
             metrics: crate::metrics::global(),
             memory: None,
+            snapshots: None,
             done,
         }
     }
@@ -42,6 +46,12 @@ impl AppState {
     /// Serves `/v1/memory/*` from this memory service.
     pub fn with_memory(mut self, memory: Arc<crate::memory::MemoryService>) -> AppState {
         self.memory = Some(memory);
+        self
+    }
+
+    /// Serves `/v1/erase` over this snapshot store.
+    pub fn with_snapshots(mut self, store: crate::snapshot::SnapshotStore) -> AppState {
+        self.snapshots = Some(store);
         self
     }
 

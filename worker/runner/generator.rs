@@ -39,6 +39,10 @@ impl Deps {
     }
 }
 
+/// How long an erased snapshot scope is remembered for the workers' sweeps: far longer
+/// than any turn in flight, or a worker that was down, takes to sweep its directory.
+pub const ERASED_SCOPES_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The reply generator a worker runs.
 #[derive(Clone)]
 pub enum Generator {
@@ -67,6 +71,42 @@ impl Generator {
     pub async fn after_turn(&self, turn: &ClaimedTurn) {
         if let Generator::Llama(pipeline) = self {
             pipeline.after_turn(turn).await;
+        }
+    }
+
+    /// After a turn lost its fence: a snapshot it wrote for a session erased meanwhile is
+    /// removed now, not at the next sweep.
+    pub async fn after_fenced(&self, deps: &Deps, turn: &ClaimedTurn) {
+        let Generator::Llama(pipeline) = self else {
+            return;
+        };
+        let scope = crate::snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
+        match crate::erase::after_fenced(&deps.pool, &pipeline.store, &scope).await {
+            Ok(true) => {
+                tracing::info!("the session was erased while its turn ran; its snapshot is removed")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not check whether the session was erased; the sweep will")
+            }
+        }
+    }
+
+    /// Removes what this worker's snapshot store still holds of erased scopes, and forgets
+    /// scopes erased longer than [`ERASED_SCOPES_KEPT`] ago.
+    pub async fn sweep_erased(&self, deps: &Deps) {
+        let Generator::Llama(pipeline) = self else {
+            return;
+        };
+        match crate::erase::sweep(&deps.pool, &pipeline.store, ERASED_SCOPES_KEPT).await {
+            Ok(r) if r.files + r.quarantined + r.objects > 0 => tracing::info!(
+                files = r.files,
+                quarantined = r.quarantined,
+                objects = r.objects,
+                "removed snapshots of erased sessions"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "erased-snapshot sweep failed; it runs again"),
         }
     }
 
@@ -105,6 +145,14 @@ impl Generator {
                     .then(|| Duration::from_millis(queue.affinity_wait_ms))
             }
             _ => None,
+        }
+    }
+
+    /// The snapshot store the turns use, if this generator writes snapshots.
+    pub fn snapshots(&self) -> Option<&crate::snapshot::SnapshotStore> {
+        match self {
+            Generator::Llama(pipeline) => Some(&pipeline.store),
+            Generator::Echo { .. } => None,
         }
     }
 

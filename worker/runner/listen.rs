@@ -52,8 +52,13 @@ async fn listen_once(
     }
 }
 
+/// How often a worker sweeps its snapshot store for erased scopes. An erase removes the
+/// scope's snapshots itself; the sweep catches copies in other workers' directories.
+const ERASE_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
 pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
     let every = Duration::from_millis(deps.settings.queue.reaper_ms);
+    let mut erased_swept: Option<std::time::Instant> = None;
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
@@ -73,6 +78,10 @@ pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: Cancellation
         }
         if let Err(e) = crate::stream::trim(&deps.pool).await {
             warn!(error = %e, "reply delta retention failed");
+        }
+        if erased_swept.is_none_or(|t| t.elapsed() >= ERASE_SWEEP_EVERY) {
+            deps.generator.sweep_erased(&deps).await;
+            erased_swept = Some(std::time::Instant::now());
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

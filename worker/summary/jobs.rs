@@ -69,6 +69,9 @@ impl Job for SummaryJob {
     fn kind(&self) -> &str {
         &self.kind
     }
+    fn owner(&self) -> (&str, Option<i64>) {
+        (&self.user_id, self.character_id)
+    }
 }
 
 /// The summary lane on the shared job-lane mechanism, as of a clock: a job is claimed

@@ -62,6 +62,9 @@ impl Job for MemoryJob {
     fn kind(&self) -> &str {
         &self.kind
     }
+    fn owner(&self) -> (&str, Option<i64>) {
+        (&self.user_id, self.character_id)
+    }
 }
 
 /// The memory lane on the shared job-lane mechanism: per-user order, and a job that asks

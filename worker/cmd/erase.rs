@@ -1,0 +1,71 @@
+//! `kvmem erase`: an operator carries out a user's request to be forgotten, from the
+//! shell, with the same function and snapshot removal as `POST /v1/erase`.
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::config::Settings;
+use crate::erase::{self, Subject};
+use crate::{db, metrics, system};
+
+/// Erase a user (with nothing else), one character, or one session: every row in every
+/// table, the snapshot files, their quarantined copies and the objects. Writes: it
+/// deletes, and records one `erased` event holding no content. Running it again is safe
+/// and removes nothing more.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).multiple(true)
+    .args(["user", "character", "session"])))]
+pub struct EraseArgs {
+    /// The user: alone, the whole user; with --session, only that user's part of it.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// One character (and its sessions).
+    #[arg(long, conflicts_with_all = ["user", "session"])]
+    pub character: Option<i64>,
+    /// One session.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Print the counts as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl EraseArgs {
+    fn subject(&self) -> Subject {
+        match (&self.user, self.character, &self.session) {
+            (_, Some(c), _) => Subject::Character(c),
+            (user, None, Some(s)) => Subject::Session {
+                session: s.clone(),
+                user: user.clone(),
+            },
+            (Some(u), None, None) => Subject::User(u.clone()),
+            (None, None, None) => unreachable!("clap requires one of them"),
+        }
+    }
+}
+
+pub async fn run(args: EraseArgs, settings: Settings) -> Result<()> {
+    let pool = system::connect(&settings, 2).await?;
+    db::migrate(&pool).await?;
+    let store = system::snapshot_store(&settings, &metrics::global())?;
+    let done = erase::erase(&pool, &store, &args.subject()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&done)?);
+        return Ok(());
+    }
+    println!(
+        "erased {} ({}): {} rows, {} snapshot scopes ({} files, {} quarantined, {} objects, {} bytes)",
+        done.kind,
+        done.subject,
+        done.rows(),
+        done.scopes,
+        done.stores.files,
+        done.stores.quarantined,
+        done.stores.objects,
+        done.stores.bytes
+    );
+    for (table, n) in done.tables.iter().filter(|(_, n)| **n > 0) {
+        println!("  {table:<24} {n}");
+    }
+    Ok(())
+}
