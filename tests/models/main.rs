@@ -11,4 +11,5 @@ mod engine;
 mod extract;
 mod fencing;
 mod process;
+mod retry;
 mod summary;
