@@ -42,7 +42,7 @@ impl ApiError {
         self
     }
 
-    /// An error a client-side test fault asked for (`KVMEM_TEST_HTTP_FAULTS`).
+    /// The answer of a scripted test fault (`KVMEM_TEST_HTTP_FAULTS`).
     pub(super) fn fault(status: u16, point: &str) -> ApiError {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         ApiError::new(
