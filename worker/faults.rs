@@ -10,8 +10,13 @@
 //! the snapshot bytes in the temp file), `before_rename` (temp file complete and synced),
 //! `after_save` (renamed into place, completion not yet committed), `mid_stream` (the first
 //! delta with reply text published; the reply is half streamed; stops once per process).
+//!
+//! `KVMEM_TEST_HTTP_FAULTS=500@queued,502@done` makes the chat endpoint answer a request
+//! that reaches a point with that status instead, each entry once and in order, so the
+//! retry tests can fail a request after its turn was queued ([`HttpFaults`]).
 
-use std::sync::OnceLock;
+use std::collections::VecDeque;
+use std::sync::{Mutex, OnceLock};
 
 fn configured() -> Option<&'static str> {
     static POINT: OnceLock<Option<String>> = OnceLock::new();
@@ -44,4 +49,75 @@ pub fn stop_point(point: &str) {
 /// the process only once).
 pub fn stops_at(point: &str) -> bool {
     configured() == Some(point)
+}
+
+/// The chat endpoint's scripted failures: `status@point` entries, taken in order, each by
+/// the first request that reaches its point while it is the next entry. Points: `queued`
+/// (the turn was just queued), `done` (the turn ended; its answer not yet sent), `started`
+/// (a streamed reply's first chunk is ready; nothing sent yet). Empty unless
+/// `KVMEM_TEST_HTTP_FAULTS` (or a test) sets it.
+#[derive(Debug, Default)]
+pub struct HttpFaults {
+    script: Mutex<VecDeque<(u16, String)>>,
+}
+
+impl HttpFaults {
+    /// The script in `KVMEM_TEST_HTTP_FAULTS`; none when unset. A malformed one is a bug in
+    /// the test that set it, so it panics with what is wrong.
+    pub fn from_env() -> HttpFaults {
+        match std::env::var("KVMEM_TEST_HTTP_FAULTS") {
+            Ok(spec) => HttpFaults::parse(&spec)
+                .unwrap_or_else(|e| panic!("KVMEM_TEST_HTTP_FAULTS={spec}: {e}")),
+            Err(_) => HttpFaults::default(),
+        }
+    }
+
+    /// Parses `500@queued,502@done`.
+    pub fn parse(spec: &str) -> Result<HttpFaults, String> {
+        let mut script = VecDeque::new();
+        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (status, point) = entry
+                .split_once('@')
+                .ok_or_else(|| format!("{entry:?} is not status@point"))?;
+            let status: u16 = status
+                .parse()
+                .ok()
+                .filter(|s| (400..600).contains(s))
+                .ok_or_else(|| format!("{status:?} is not an HTTP error status"))?;
+            if !matches!(point, "queued" | "done" | "started") {
+                return Err(format!("unknown point {point:?} (queued, done, started)"));
+            }
+            script.push_back((status, point.to_string()));
+        }
+        Ok(HttpFaults {
+            script: Mutex::new(script),
+        })
+    }
+
+    /// The status to answer with at `point`, if the next entry is for it (and takes it).
+    pub fn take(&self, point: &str) -> Option<u16> {
+        let mut script = self.script.lock().unwrap_or_else(|p| p.into_inner());
+        if script.front().is_some_and(|(_, p)| p == point) {
+            return script.pop_front().map(|(status, _)| status);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HttpFaults;
+
+    #[test]
+    fn http_faults_are_taken_in_order_at_their_points() {
+        let f = HttpFaults::parse("500@queued, 502@done").unwrap();
+        assert_eq!(f.take("done"), None, "the next entry is for `queued`");
+        assert_eq!(f.take("queued"), Some(500));
+        assert_eq!(f.take("queued"), None);
+        assert_eq!(f.take("done"), Some(502));
+        assert_eq!(f.take("done"), None);
+        for bad in ["500", "200@queued", "500@nowhere"] {
+            assert!(HttpFaults::parse(bad).is_err(), "{bad}");
+        }
+    }
 }

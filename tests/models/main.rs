@@ -12,4 +12,5 @@ mod erase;
 mod extract;
 mod fencing;
 mod process;
+mod retry;
 mod summary;

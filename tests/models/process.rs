@@ -312,6 +312,16 @@ async fn a_client_that_disconnects_mid_stream_leaves_a_stored_turn(pool: PgPool)
     );
 }
 
+/// OpenAI's finish reason for a reply of `r` tokens under a budget of `max`: a reply that
+/// used all of it was cut off.
+fn finish_at(r: i32, max: i32) -> &'static str {
+    if r >= max {
+        "length"
+    } else {
+        "stop"
+    }
+}
+
 /// What the OpenAI Python SDK prints of a streamed chat: each chunk as a JSON line. Then
 /// the same call without `stream`, as one line.
 const SDK_SCRIPT: &str = r#"
@@ -376,7 +386,6 @@ async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
     assert!(texts >= 2, "{texts} content chunks");
     assert_eq!(sse_content(&chunks), reply_of(id).await);
     let n = chunks.len();
-    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
     assert_eq!(
         chunks[n - 1]["choices"],
         json!([]),
@@ -396,6 +405,11 @@ async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
         json!(prompt - prefill)
     );
     assert_eq!(usage["completion_tokens"], json!(r));
+    assert_eq!(
+        chunks[n - 2]["choices"][0]["finish_reason"],
+        finish_at(r, 32),
+        "{r} tokens"
+    );
     // The same SDK without `stream`: a whole completion, warm, its cache counted.
     assert_eq!(plain["object"], "chat.completion");
     assert_eq!(plain["kvmem"]["cold"], false);
@@ -445,9 +459,15 @@ async fn chat_streams_to_the_openai_sdk_and_curl(pool: PgPool) {
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let id = chunks[0]["kvmem"]["turn_id"].as_i64().unwrap();
     assert_eq!(sse_content(&chunks), reply_of(id).await);
+    let r: i32 = sqlx::query_scalar("SELECT r_tokens FROM turn_log WHERE turn_id = $1")
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(
         chunks.last().unwrap()["choices"][0]["finish_reason"],
-        "stop"
+        finish_at(r, 32),
+        "{r} tokens"
     );
     assert!(
         chunks.iter().all(|c| c.get("usage").is_none()),

@@ -13,5 +13,6 @@ mod pg_restart;
 mod pipeline;
 mod queue;
 mod recall;
+mod retries;
 mod sql_statements;
 mod tenants;

@@ -365,9 +365,11 @@ async fn http_api_needs_the_token_and_bounds_requests(pool: PgPool) {
             .unwrap()
     };
     // The requests above queued turns too: the slow one is in flight once there is one more.
+    // (Another message: the same request again would be the retry of the queued turn.)
     let before = queued_turns().await;
     let slow = {
-        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        let body = chat("sess_bob", "bob", f.b_char, "hello again");
+        let (client, url) = (client.clone(), url.clone());
         tokio::spawn(async move {
             client
                 .post(&url)

@@ -150,6 +150,14 @@ pub struct HttpSettings {
     pub max_in_flight: u32,
     /// Upper bound for a request's `X-Timeout-Ms`.
     pub max_timeout_ms: u64,
+    /// How long after its turn ended a repeat of a chat request without an
+    /// `Idempotency-Key` may still be a retry of it (docs/http-api.md#retries).
+    #[serde(default = "default_retry_window_ms")]
+    pub retry_window_ms: u64,
+}
+
+fn default_retry_window_ms() -> u64 {
+    120_000
 }
 
 /// `[log]`: the log lines' format and filter.

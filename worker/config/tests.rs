@@ -75,6 +75,7 @@ const CASES: &[(&str, &str, Read)] = &[
     ("http_max_body_bytes", "2048", |s| json!(s.http.max_body_bytes)),
     ("http_max_in_flight", "17", |s| json!(s.http.max_in_flight)),
     ("http_max_timeout_ms", "600009", |s| json!(s.http.max_timeout_ms)),
+    ("http_retry_window_ms", "120010", |s| json!(s.http.retry_window_ms)),
     ("log_format", "\"json\"", |s| json!(s.log.format)),
     ("log_level", "\"debug\"", |s| json!(s.log.level)),
     ("memory_embed_model_path", "\"/m/embed.gguf\"", |s| json!(s.memory.embed_model_path)),

@@ -28,6 +28,7 @@ pub(super) struct OwnedTurnRow {
     digest_version: Option<String>,
     prompt_tokens: Option<i32>,
     prefill_tokens: Option<i32>,
+    finish_reason: Option<String>,
 }
 
 impl OwnedTurnRow {
@@ -53,11 +54,18 @@ impl OwnedTurnRow {
                 StatusCode::BAD_GATEWAY,
                 "server_error",
                 format!("turn failed after {} attempts: {error}", self.attempts),
-            ),
+            )
+            .final_answer(),
             _ => return None,
         };
         e.extra = json!({ "turn_id": id.0 });
         Some(e)
+    }
+
+    /// OpenAI's `finish_reason`: "length" when `REPLY_MAX_TOKENS` cut the reply off. Log rows
+    /// written before the column existed read as "stop", which is all they could say.
+    pub(super) fn finish_reason(&self) -> &str {
+        self.finish_reason.as_deref().unwrap_or("stop")
     }
 
     /// OpenAI's usage: the prompt is everything the reply was conditioned on (the KV when
@@ -87,6 +95,17 @@ impl OwnedTurnRow {
             "user_tokens": self.u_tokens,
         })
     }
+}
+
+/// Records that the turn's answer (its reply, or the error it ended with) is being handed
+/// to a client: an identical request after this, without a retry header, is a new turn.
+/// Called before the answer goes out, so that the client's next request finds it.
+pub(super) async fn delivered(pool: &PgPool, id: TurnId) -> Result<(), sqlx::Error> {
+    sqlx::query(include_str!("../../sql/http/delivered.sql"))
+        .bind(id.0)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// `system_fingerprint`: the model file, as `/v1/info` names it.

@@ -11,12 +11,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio::sync::broadcast;
 
-use crate::queue::{self, TurnId};
+use crate::queue::{self, NewTurn, Repeat, TurnId};
 
-use super::answer::{fingerprint, OwnedTurnRow};
+use super::answer::{delivered, fingerprint, OwnedTurnRow};
 use super::error::ApiError;
 use super::state::{header, AppState};
 
@@ -52,32 +53,66 @@ struct ChatMessage {
     content: Value,
 }
 
+/// What a chat request asks for, read from its body and headers.
+struct Asked {
+    session: String,
+    user: String,
+    character: i64,
+    message: String,
+    model: Option<String>,
+    timeout: Duration,
+    key: Option<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
 /// `POST /v1/chat/completions`. kvmem keeps the dialogue itself, so only the last user
-/// message is taken; earlier messages in the request are ignored.
+/// message is taken; earlier messages in the request are ignored. A retry of a request is
+/// the turn its first attempt queued ([`enqueue`]).
 pub(super) async fn chat(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let text = std::str::from_utf8(&body)
+    let asked = read(&state, &headers, &body)?;
+    // Subscribe before enqueueing, so a fast completion cannot slip past us.
+    let mut done = state.done.subscribe();
+    let id = enqueue(&state, &asked, &headers, &body).await?;
+    state.fault("queued")?;
+    if asked.stream {
+        let reply = super::sse::Reply {
+            id,
+            user: asked.user,
+            model: asked.model,
+            include_usage: asked.include_usage,
+        };
+        return super::sse::stream(state, reply, asked.timeout).await;
+    }
+    wait_done(&state.pool, &mut done, id, asked.timeout).await?;
+    state.fault("done")?;
+    respond(&state, id, &asked.user, asked.model).await
+}
+
+fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Asked, ApiError> {
+    let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
     let req: ChatRequest = serde_json::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("invalid request JSON: {e}")))?;
     let session = req
         .session_id
-        .or_else(|| header(&headers, "x-session-id"))
+        .or_else(|| header(headers, "x-session-id"))
         .ok_or_else(|| {
             ApiError::bad_request("missing session id (body `session_id` or header X-Session-Id)")
         })?;
     let user = req
         .user
-        .or_else(|| header(&headers, "x-user-id"))
+        .or_else(|| header(headers, "x-user-id"))
         .ok_or_else(|| {
             ApiError::bad_request("missing user id (body `user` or header X-User-Id)")
         })?;
     let character = match req.character_id {
         Some(c) => c,
-        None => header(&headers, "x-character-id")
+        None => header(headers, "x-character-id")
             .ok_or_else(|| {
                 ApiError::bad_request(
                     "missing character id (body `character_id` or header X-Character-Id)",
@@ -96,7 +131,21 @@ pub(super) async fn chat(
         .content
         .as_str()
         .ok_or_else(|| ApiError::bad_request("message content must be a string"))?;
-    let timeout = match header(&headers, "x-timeout-ms") {
+    Ok(Asked {
+        session,
+        user,
+        character,
+        message: message.to_string(),
+        model: req.model,
+        timeout: timeout(state, headers)?,
+        key: header(headers, "idempotency-key"),
+        stream: req.stream,
+        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+fn timeout(state: &AppState, headers: &HeaderMap) -> Result<Duration, ApiError> {
+    let ms = match header(headers, "x-timeout-ms") {
         None => state.settings.http.timeout_ms,
         Some(v) => v
             .trim()
@@ -106,32 +155,71 @@ pub(super) async fn chat(
             })?
             .min(state.settings.http.max_timeout_ms),
     };
-    let key = header(&headers, "idempotency-key");
+    Ok(Duration::from_millis(ms))
+}
 
-    // Subscribe before enqueueing, so a fast completion cannot slip past us.
-    let mut done = state.done.subscribe();
-    let id = queue::enqueue(
-        &state.pool,
-        &session,
-        &user,
-        character,
-        message,
-        key.as_deref(),
-    )
-    .await?;
-    let timeout = Duration::from_millis(timeout);
-    if req.stream {
-        let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
-        let reply = super::sse::Reply {
-            id,
-            user,
-            model: req.model,
-            include_usage,
-        };
-        return super::sse::stream(state, reply, timeout).await;
+/// Queues the request's turn, or finds the one it repeats. With an `Idempotency-Key` the
+/// key decides, as in `kvmem_enqueue_turn`. Without one, the OpenAI SDKs' retries (408,
+/// 409, 429 and 5xx, twice by default) would each queue the message again: a request
+/// with the same user, session, character and body as the one that queued the session's
+/// latest turn is that turn while it is queued or running, and for
+/// `http.retry_window_ms` after it ended when the client says it retries
+/// (`x-stainless-retry-count` above 0) or the turn's answer was never delivered.
+async fn enqueue(
+    state: &AppState,
+    asked: &Asked,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<TurnId, ApiError> {
+    let turn = NewTurn {
+        session_id: &asked.session,
+        user_id: &asked.user,
+        character_id: asked.character,
+        message: &asked.message,
+        idempotency_key: asked.key.as_deref(),
+    };
+    if asked.key.is_some() {
+        return Ok(queue::enqueue_on(&state.pool, &turn, "live").await?);
     }
-    wait_done(&state.pool, &mut done, id, timeout).await?;
-    respond(&state, id, &user, req.model).await
+    let hash = request_hash(asked, body);
+    let repeat = Repeat {
+        hash: &hash,
+        retry: is_retry(headers),
+        window_ms: state.settings.http.retry_window_ms,
+    };
+    let (id, again) = queue::enqueue_repeatable(&state.pool, &turn, repeat).await?;
+    if again {
+        tracing::info!(
+            turn_id = id.0,
+            retry = repeat.retry,
+            "a repeated chat request joins its turn"
+        );
+    }
+    Ok(id)
+}
+
+/// The request's identity: who asks, where, and the exact body. Each part is
+/// length-prefixed, so no two different requests hash alike by shifting text between parts.
+fn request_hash(asked: &Asked, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    let character = asked.character.to_string();
+    for part in [
+        asked.user.as_bytes(),
+        asked.session.as_bytes(),
+        character.as_bytes(),
+        body,
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    hex::encode(h.finalize())
+}
+
+/// The OpenAI SDKs count their attempts in `x-stainless-retry-count` (0 on the first).
+fn is_retry(headers: &HeaderMap) -> bool {
+    header(headers, "x-stainless-retry-count")
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|n| n > 0)
 }
 
 async fn turn_state(pool: &PgPool, id: TurnId) -> Result<String, sqlx::Error> {
@@ -194,6 +282,7 @@ async fn respond(
     let row = OwnedTurnRow::fetch(&state.pool, id, user)
         .await?
         .ok_or(sqlx::Error::RowNotFound)?;
+    delivered(&state.pool, id).await?;
     if let Some(e) = row.error(id) {
         return Err(e);
     }
@@ -206,7 +295,7 @@ async fn respond(
         "choices": [{
             "index": 0,
             "message": { "role": "assistant", "content": row.reply.clone().unwrap_or_default() },
-            "finish_reason": "stop",
+            "finish_reason": row.finish_reason(),
         }],
         "usage": row.usage(),
         "kvmem": row.kvmem(id),

@@ -1,5 +1,5 @@
 //! The API's error body and status mapping: every failure reaches the client as JSON with
-//! a clear message, never a dropped connection.
+//! a clear message, never a dropped connection, and says whether a retry is safe.
 
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,6 +14,8 @@ pub(super) struct ApiError {
     kind: &'static str,
     message: String,
     pub(super) extra: Value,
+    /// `x-should-retry`, which the OpenAI SDKs obey.
+    retry: bool,
 }
 
 impl ApiError {
@@ -27,7 +29,27 @@ impl ApiError {
             kind,
             message: message.into(),
             extra: Value::Null,
+            // A server error is safe to retry: the retry is the same turn (http::chat), and
+            // a request that failed before queueing one queues it. Bad input stays bad.
+            retry: status.is_server_error() && kind != "timeout",
         }
+    }
+
+    /// An answer that a retry would only repeat: the turn's own end (it died), which a
+    /// retry of the request maps to again.
+    pub(super) fn final_answer(mut self) -> ApiError {
+        self.retry = false;
+        self
+    }
+
+    /// The answer of a scripted test fault (`KVMEM_TEST_HTTP_FAULTS`).
+    pub(super) fn fault(status: u16, point: &str) -> ApiError {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError::new(
+            status,
+            "server_error",
+            format!("test fault: KVMEM_TEST_HTTP_FAULTS failed this request at {point}"),
+        )
     }
 
     pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
@@ -47,14 +69,14 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, Json(json!({ "error": self.body() }))).into_response();
-        // A timed-out turn stays queued and goes on. The OpenAI SDKs retry a 504 unless
-        // told not to, and each retry would queue the same message again.
-        if self.kind == "timeout" {
-            response.headers_mut().insert(
-                HeaderName::from_static("x-should-retry"),
-                HeaderValue::from_static("false"),
-            );
-        }
+        // The OpenAI SDKs retry 408, 409, 429 and every 5xx unless told otherwise. A
+        // timed-out turn stays queued and goes on: a retry would be the same turn, but the
+        // wait was the client's to choose, so the SDK is told not to wait again by itself.
+        let retry = if self.retry { "true" } else { "false" };
+        response.headers_mut().insert(
+            HeaderName::from_static("x-should-retry"),
+            HeaderValue::from_static(retry),
+        );
         response
     }
 }

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::answer::{fingerprint, OwnedTurnRow};
+use super::answer::{delivered, fingerprint, OwnedTurnRow};
 use super::error::ApiError;
 use super::state::AppState;
 use crate::queue::TurnId;
@@ -82,6 +82,7 @@ pub(super) async fn stream(
             Err(other) => first.push(other),
         }
     }
+    relay.state.fault("started")?;
     let (tx, rx) = mpsc::channel::<Event>(64);
     tokio::spawn(relay.run(first, tx));
     let events = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -114,6 +115,10 @@ impl Relay {
         let mut outs = first;
         loop {
             for out in outs.drain(..) {
+                let out = match out {
+                    Out::Finish(row) => self.deliver(self.reply.id, Out::Finish(row)).await,
+                    other => other,
+                };
                 let end = matches!(out, Out::Finish(_) | Out::Error(_));
                 for event in self.render(out) {
                     if tx.send(event).await.is_err() {
@@ -262,7 +267,7 @@ impl Relay {
             Err(e) => return Err(Out::Error(e.into())),
         };
         if let Some(e) = row.error(id) {
-            return Err(Out::Error(e));
+            return Err(self.deliver(id, Out::Error(e)).await);
         }
         if state != "done" || row.state != "done" {
             return Ok(());
@@ -286,6 +291,16 @@ impl Relay {
         let rest = rest.to_string();
         self.content(rest, outs);
         Err(Out::Finish(Box::new(row)))
+    }
+
+    /// The turn's answer, `last` (its finish, or the error it ended with), goes out next:
+    /// recorded as delivered first, so that the client's next request finds it so
+    /// ([`delivered`]).
+    async fn deliver(&self, id: TurnId, last: Out) -> Out {
+        match delivered(&self.state.pool, id).await {
+            Ok(()) => last,
+            Err(e) => Out::Error(e.into()),
+        }
     }
 
     fn timed_out(&self) -> Out {
@@ -313,7 +328,7 @@ impl Relay {
             }
             Out::Content(text) => vec![data(&self.chunk(json!({ "content": text }), None))],
             Out::Finish(row) => {
-                let mut c = self.chunk(json!({}), Some("stop"));
+                let mut c = self.chunk(json!({}), Some(row.finish_reason()));
                 c["kvmem"] = row.kvmem(id);
                 let mut events = vec![data(&c)];
                 if self.reply.include_usage {

@@ -7,6 +7,7 @@ use axum::http::HeaderMap;
 use sqlx::PgPool;
 use tokio::sync::broadcast;
 
+use super::error::ApiError;
 use crate::config::Settings;
 
 /// What the server needs; cheap to clone.
@@ -26,6 +27,8 @@ pub struct AppState {
     pub(super) done: broadcast::Sender<i64>,
     /// The LISTEN connection streamed replies are followed through.
     pub(super) hub: crate::stream::Hub,
+    /// Test hooks: scripted failures of the chat endpoint (none in production).
+    pub(super) faults: Arc<crate::faults::HttpFaults>,
 }
 
 impl AppState {
@@ -40,6 +43,7 @@ impl AppState {
             memory: None,
             snapshots: None,
             done,
+            faults: Arc::new(crate::faults::HttpFaults::from_env()),
         }
     }
 
@@ -53,6 +57,20 @@ impl AppState {
     pub fn with_snapshots(mut self, store: crate::snapshot::SnapshotStore) -> AppState {
         self.snapshots = Some(store);
         self
+    }
+
+    /// Fails chat requests as `faults` scripts (the retry tests).
+    pub fn with_faults(mut self, faults: crate::faults::HttpFaults) -> AppState {
+        self.faults = Arc::new(faults);
+        self
+    }
+
+    /// A scripted failure at `point` (`KVMEM_TEST_HTTP_FAULTS`; none in production).
+    pub(super) fn fault(&self, point: &str) -> Result<(), ApiError> {
+        match self.faults.take(point) {
+            Some(status) => Err(ApiError::fault(status, point)),
+            None => Ok(()),
+        }
     }
 
     /// Renders `metrics` at `/metrics` (a worker's own registry, in tests).

@@ -399,6 +399,7 @@ impl TurnPipeline {
         log.s_tokens = run.s_tokens;
         log.u_tokens = run.u_tokens;
         log.r_tokens = run.r_tokens;
+        log.finish_reason = Some(run.finish);
         log.load_ms = run.load_ms;
         log.prefill_ms = run.stats.prefill_ms;
         log.prefill_tokens = run.prefill_tokens;

@@ -1,4 +1,5 @@
-//! Enqueueing by hand (CLI, tests, replay) through the same SQL function a backend calls.
+//! Enqueueing by hand (CLI, tests, replay) and from the chat endpoint through the same SQL
+//! function a backend calls; for the endpoint, a repeat of a request maps to its turn.
 
 use sqlx::PgPool;
 
@@ -48,4 +49,65 @@ pub async fn enqueue_on(pool: &PgPool, turn: &NewTurn<'_>, lane: &str) -> Result
         .fetch_one(pool)
         .await?;
     Ok(TurnId(id))
+}
+
+/// How the chat endpoint tells a retry of a request without an idempotency key from a new
+/// request: by a hash of the request and whether the client says it retries.
+#[derive(Debug, Clone, Copy)]
+pub struct Repeat<'a> {
+    /// A hash of the request: user, session, character and body.
+    pub hash: &'a str,
+    /// The client says this is a retry (the OpenAI SDKs' `x-stainless-retry-count` > 0).
+    pub retry: bool,
+    /// How long after its turn ended a repeat of a request may still be a retry of it.
+    pub window_ms: u64,
+}
+
+/// Enqueues `turn` (live lane, no idempotency key) unless the request repeats the one that
+/// queued the session's latest turn while that turn is queued or running, or within
+/// `window_ms` of its end when the client says it retries or the turn's answer was never
+/// delivered (`sql/queue/repeat_of.sql`). Returns the turn and whether it was there
+/// already. Two identical requests sent on purpose, the second after the first's answer,
+/// make two turns.
+pub async fn enqueue_repeatable(
+    pool: &PgPool,
+    turn: &NewTurn<'_>,
+    repeat: Repeat<'_>,
+) -> Result<(TurnId, bool)> {
+    // Scope: the look at the session's latest turn and the enqueue after it, under the
+    // session's enqueue lock, so two copies of one request arriving together make one turn.
+    let mut tx = pool.begin().await?;
+    sqlx::query(include_str!("../../sql/queue/enqueue_lock.sql"))
+        .bind(turn.session_id)
+        .execute(&mut *tx)
+        .await?;
+    let found: Option<i64> = sqlx::query_scalar(include_str!("../../sql/queue/repeat_of.sql"))
+        .bind(turn.session_id)
+        .bind(turn.user_id)
+        .bind(turn.character_id)
+        .bind(repeat.hash)
+        .bind(repeat.retry)
+        .bind(repeat.window_ms.min(i64::MAX as u64) as i64)
+        .fetch_optional(&mut *tx)
+        .await?;
+    if let Some(id) = found {
+        tx.commit().await?;
+        return Ok((TurnId(id), true));
+    }
+    let id: i64 = sqlx::query_scalar(include_str!("../../sql/queue/enqueue.sql"))
+        .bind(turn.session_id)
+        .bind(turn.user_id)
+        .bind(turn.character_id)
+        .bind(turn.message)
+        .bind(None::<&str>)
+        .bind("live")
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query(include_str!("../../sql/queue/request_hash.sql"))
+        .bind(id)
+        .bind(repeat.hash)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok((TurnId(id), false))
 }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::pipeline::TurnPipeline;
 use crate::queue::QueueTiming;
-use crate::turn::log::{KvLog, TurnPath};
+use crate::turn::log::{FinishReason, KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, TurnError, TurnOutput};
 
 /// What a turn needs; cheap to clone.
@@ -187,6 +187,7 @@ async fn echo(
     }
     log.u_tokens = turn.message.split_whitespace().count() as u32;
     log.r_tokens = log.u_tokens + 1;
+    log.finish_reason = Some(FinishReason::Stop);
     Ok(TurnOutput {
         reply: format!("echo: {}", turn.message),
         log,

@@ -46,6 +46,24 @@ impl Rebuild {
     }
 }
 
+/// Why generation stopped, as OpenAI's `finish_reason` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model ended its reply (an end-of-generation token).
+    Stop,
+    /// `REPLY_MAX_TOKENS` cut the reply off.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
 /// Every field of the seed's log line, plus what the `turn_log` row adds.
 #[derive(Debug, Clone)]
 pub struct KvLog {
@@ -69,6 +87,8 @@ pub struct KvLog {
     pub u_tokens: u32,
     /// R: reply tokens.
     pub r_tokens: u32,
+    /// Why generation stopped; `None` when the attempt did not generate (it failed).
+    pub finish_reason: Option<FinishReason>,
     /// Bytes per token of the saved state.
     pub bpt: u32,
     /// M: recall tokens injected this turn, and the items they carried.
@@ -124,6 +144,7 @@ impl KvLog {
             s_tokens: 0,
             u_tokens: 0,
             r_tokens: 0,
+            finish_reason: None,
             bpt: 0,
             m_tokens: 0,
             memories_injected: 0,
@@ -170,7 +191,7 @@ impl KvLog {
 
     /// The `turn_log` row for this attempt, keyed by column name.
     pub fn row(&self, turn: &ClaimedTurn) -> serde_json::Value {
-        serde_json::json!({
+        let mut row = serde_json::json!({
             "turn_id": turn.id.0,
             "attempt": turn.attempt,
             "worker_id": turn.owner,
@@ -212,7 +233,10 @@ impl KvLog {
             "redecode_ms": self.redecode_ms.min(i32::MAX as u64),
             "save_ms": self.save_ms.min(i32::MAX as u64),
             "started_at": self.started_at,
-        })
+        });
+        // Apart, as one more field would take json! past the default recursion limit.
+        row["finish_reason"] = serde_json::json!(self.finish_reason.map(FinishReason::as_str));
+        row
     }
 }
 

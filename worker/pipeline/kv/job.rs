@@ -7,7 +7,7 @@ use crate::pipeline::history;
 use crate::pipeline::recall::{ContextBlock, RecallItem};
 use crate::snapshot::{self, Snapshot};
 use crate::stream;
-use crate::turn::log::Rebuild;
+use crate::turn::log::{FinishReason, Rebuild};
 use crate::turn::KvRecord;
 
 /// What the engine thread needs for one turn, besides where its KV comes from.
@@ -80,6 +80,8 @@ pub struct TurnRun {
     pub s_tokens: u32,
     pub u_tokens: u32,
     pub r_tokens: u32,
+    /// Whether the model ended the reply or `reply_max` cut it off.
+    pub finish: FinishReason,
     /// The context block, when injected: its tokens.
     pub c_tokens: u32,
     pub context_injected: bool,

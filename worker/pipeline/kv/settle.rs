@@ -8,6 +8,7 @@ use llama_cpp_2::token::LlamaToken;
 use crate::engine::{Engine, GenStats, KvSession};
 use crate::pipeline::reply_stream::reply_split;
 use crate::snapshot::SegKind;
+use crate::turn::log::FinishReason;
 use crate::turn::TurnError;
 
 use super::blocks::Blocks;
@@ -36,6 +37,13 @@ pub(super) fn finish(
         recall_in_kv,
         ..
     } = prepared;
+    // Both generation loops (alone and batched) stop at `reply_max` tokens or at an
+    // end-of-generation token, which is never kept: a full budget is a cut-off reply.
+    let finish = if generated.len() as u32 >= job.reply_max {
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    };
     let reply = [&blocks.prefix[..], &generated[..]].concat();
     // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored
     // (the same text the stream's last delta completed).
@@ -73,6 +81,7 @@ pub(super) fn finish(
         s_tokens: digest.as_ref().map_or(0, |d| d.len() as u32),
         u_tokens: engine.count_tokens(&job.user) as u32,
         r_tokens: reply.len() as u32,
+        finish,
         c_tokens,
         context_injected: injected.context.is_some(),
         m_tokens: injected.recall.as_ref().map_or(0, |(t, _)| t.len() as u32),
