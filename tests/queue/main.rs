@@ -14,3 +14,4 @@ mod queue;
 mod recall;
 mod sql_statements;
 mod tenants;
+mod upgrades;
