@@ -1,9 +1,9 @@
 //! Upgrades, run as an operator runs them: the real `kvmem` binary on a schema behind it
 //! (read-only commands refuse and migrate nothing), on a schema a newer release migrated
 //! (fixture migrations recorded through sqlx's own bookkeeping, as that release would
-//! leave them: additive ones are run on, any other makes a starting worker refuse), and
-//! `kvmem demo` on a database that holds turns, and every command's `--help`. The rolling upgrade of a fleet under load is
-//! `chaos::upgrade`.
+//! leave them: additive ones are run on, any other makes a starting worker refuse),
+//! `kvmem demo` on a database that holds turns, and every command's `--help`. The rolling
+//! upgrade of a fleet under load is `chaos::upgrade`.
 
 use crate::common;
 
