@@ -33,41 +33,64 @@ enum GeneratorKind {
     Echo,
 }
 
+/// Whether a command writes is part of its help: a command that writes migrates the
+/// database first (`kvmem migrate` does nothing else), one that only reads never migrates
+/// and refuses a schema behind this binary.
 #[derive(Subcommand)]
 enum Command {
-    /// Apply migrations and (re)install the SQL API and views.
-    Migrate,
-    /// Run the claim loop until SIGTERM/SIGINT.
+    /// Apply migrations and (re)install the SQL API and views. Writes: it is the upgrade.
+    /// On a schema a newer release migrated with additive migrations only it changes
+    /// nothing; on one with any other newer migration it refuses.
+    Migrate {
+        /// Only list the applied, pending and newer migrations. Read-only.
+        #[arg(long)]
+        status: bool,
+    },
+    /// Run the claim loop until SIGTERM/SIGINT. Writes: migrates at start (waiting for the
+    /// database while it is down), then answers queued turns.
     Worker(WorkerArgs),
-    /// Queue one turn, as a backend would with `SELECT kvmem_enqueue_turn(...)`.
+    /// Queue one turn, as a backend would with `SELECT kvmem_enqueue_turn(...)`. Writes:
+    /// migrates first.
     Enqueue(EnqueueArgs),
     /// A 10-turn scene on SmolLM2: throwaway Postgres if DATABASE_URL is unset,
     /// real queue and worker, then a summary table. Uses config/demo.toml.
+    /// Writes. With DATABASE_URL set it migrates that database and runs a full worker on
+    /// it, which claims any turn queued there: it refuses a database that holds turns
+    /// unless given --force.
     Demo {
         /// `memory`: a session closes, is summarised, and the next one opens with it.
         #[arg(long, value_enum, default_value = "runbook")]
         scene: kvmem::cmd::demo::Scene,
+        /// Run on a DATABASE_URL whose database already holds turns (its queued ones get
+        /// answered by the demo's worker).
+        #[arg(long)]
+        force: bool,
     },
     /// The HTTP API (OpenAI-style chat completions, rotate-hint, info, metrics), with
-    /// a worker in the same process unless --no-worker.
+    /// a worker in the same process unless --no-worker. Writes: migrates at start (waiting
+    /// for the database while it is down) and queues the turns it is sent.
     Serve(ServeArgs),
     /// Re-run recorded sessions into new sessions on the replay lane and compare replies.
+    /// Writes: migrates first and queues the replayed turns.
     Replay(ReplayArgs),
-    /// Build a session's digest from its facts and print its version and text.
+    /// Build a session's digest from its facts and print its version and text. Read-only
+    /// unless --store.
     Digest {
         #[arg(long)]
         session: String,
-        /// Also store it in state_digest (as the rebuilder would).
+        /// Also store it in state_digest (as the rebuilder would). Writes: migrates first.
         #[arg(long)]
         store: bool,
     },
     /// Long-term memory: import, search, show, remember, forget, cards, journal, snapshot.
+    /// Each subcommand's help says whether it writes.
     Memory(kvmem::cmd::memory::MemoryArgs),
     /// Summaries: show, rebuild, work, context, export/import of a context document.
+    /// Each subcommand's help says whether it writes.
     Summary(kvmem::cmd::summary::SummaryArgs),
-    /// Erase a user, a character or a session everywhere (writes: deletes; idempotent).
+    /// Erase a user, a character or a session everywhere. Writes: deletes; idempotent.
     Erase(kvmem::cmd::erase::EraseArgs),
-    /// Counts by state, oldest queued age, running sessions, dead turns.
+    /// Counts by state, oldest queued age, running sessions, dead turns. Read-only.
     Status {
         /// Refresh every N seconds.
         #[arg(long, value_name = "SECS")]
@@ -145,13 +168,13 @@ async fn main() -> Result<()> {
     let settings = Settings::load(default_env).context("loading configuration")?;
     telemetry::init(&settings);
     match cli.command {
-        Command::Demo { scene } => Ok(kvmem::cmd::demo::run(settings, scene).await?),
+        Command::Demo { scene, force } => Ok(kvmem::cmd::demo::run(settings, scene, force).await?),
         Command::Memory(args) => Ok(kvmem::cmd::memory::run(args, settings).await?),
         Command::Summary(args) => {
             let pool = system::connect(&settings, 4).await?;
             Ok(kvmem::cmd::summary::run(args, settings, pool).await?)
         }
-        Command::Migrate => migrate(&settings).await,
+        Command::Migrate { status } => migrate(&settings, status).await,
         Command::Worker(args) => worker(args, settings).await,
         Command::Enqueue(args) => enqueue(args, &settings).await,
         Command::Digest { session, store } => digest(&session, store, &settings).await,
@@ -162,10 +185,22 @@ async fn main() -> Result<()> {
     }
 }
 
-async fn migrate(settings: &Settings) -> Result<()> {
+async fn migrate(settings: &Settings, status: bool) -> Result<()> {
     let pool = system::connect(settings, 2).await?;
-    db::migrate(&pool).await?;
-    println!("migrated");
+    if status {
+        print!("{}", kvmem::cmd::migrations::status(&pool).await?);
+        return Ok(());
+    }
+    let done = db::migrate(&pool).await?;
+    if done.newer.is_empty() {
+        println!("migrated ({} applied)", done.applied.len());
+    } else {
+        println!(
+            "nothing to do: the schema is newer than this binary ({} additive migration(s) of a \
+             newer release); the SQL API and views stay the newer release's",
+            done.newer.len()
+        );
+    }
     Ok(())
 }
 
@@ -177,7 +212,7 @@ async fn worker(args: WorkerArgs, mut settings: Settings) -> Result<()> {
 }
 
 async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
-    let pool = system::connect(settings, 1).await?;
+    let pool = system::database(settings, 1).await?;
     let id = queue::enqueue(
         &pool,
         &args.session,
@@ -193,7 +228,11 @@ async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<()> {
 }
 
 async fn digest(session: &str, store: bool, settings: &Settings) -> Result<()> {
-    let pool = system::connect(settings, 1).await?;
+    let pool = if store {
+        system::database(settings, 1).await?
+    } else {
+        system::connect_current(settings, 1, "digest").await?
+    };
     let tok = token_counter(settings).await?;
     let max = settings.turn.digest_max_tokens as usize;
     let built = if store {
@@ -244,8 +283,17 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .with_context(|| format!("{listen} resolves to no address"))?;
     kvmem::http::check_exposure(&addr, &settings)?;
     let settings = Arc::new(settings);
-    let pool = system::database(&settings, settings.queue.concurrency + 8).await?;
+    // Signals first, as for `kvmem worker`: a SIGTERM while waiting for the database is a
+    // clean exit.
     let shutdown = shutdown_on_signal();
+    let Some(pool) =
+        system::database_when_ready(&settings, settings.queue.concurrency + 8, &shutdown)
+            .await
+            .context("connecting and migrating before start")?
+    else {
+        tracing::info!("stopped before the database was reachable");
+        return Ok(());
+    };
     let (worker, snapshots) =
         in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
     let model_sha = match &settings.engine.model_path {
@@ -325,7 +373,7 @@ async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
 }
 
 async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<()> {
-    let pool = system::connect(settings, 1).await?;
+    let pool = system::connect_current(settings, 1, "status").await?;
     loop {
         let text = status::report(&pool).await?;
         if watch.is_some() {

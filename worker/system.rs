@@ -1,6 +1,7 @@
-//! One place builds a running system from settings: the database pool (migrated), the
-//! model, the generator and the worker's dependencies. `kvmem worker`, the demo, the
-//! tests and the benchmarks all start through here, so they run the same wiring.
+//! One place builds a running system from settings: the database pool (migrated, or
+//! checked for a command that only reads), the model, the generator and the worker's
+//! dependencies. `kvmem worker`, the demo, the tests and the benchmarks all start through
+//! here, so they run the same wiring.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -84,6 +85,19 @@ pub async fn database(settings: &Settings, connections: u32) -> Result<PgPool, S
         other => other?,
     };
     crate::db::migrate(&pool).await?;
+    Ok(pool)
+}
+
+/// [`connect`] for a command that only reads: it never migrates, and fails naming
+/// `kvmem migrate` when the schema is behind this binary (`command` is how the message
+/// names the command that refused).
+pub async fn connect_current(
+    settings: &Settings,
+    connections: u32,
+    command: &str,
+) -> Result<PgPool, SystemError> {
+    let pool = connect(settings, connections).await?;
+    crate::db::require_current(&pool, command).await?;
     Ok(pool)
 }
 

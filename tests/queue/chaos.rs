@@ -436,3 +436,4 @@ fn tmp_files(dir: &Path) -> Vec<(PathBuf, u32)> {
 
 mod harness;
 mod runs;
+mod upgrade;

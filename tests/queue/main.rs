@@ -16,3 +16,4 @@ mod recall;
 mod retries;
 mod sql_statements;
 mod tenants;
+mod upgrades;

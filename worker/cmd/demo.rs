@@ -119,9 +119,16 @@ pub enum Scene {
 }
 
 /// Runs the scene. Leaves nothing running: the worker stops, a cluster it started is removed.
-pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
+/// On the database of a DATABASE_URL that already holds turns it refuses, unless `force`,
+/// before it changes anything there.
+pub async fn run(settings: Settings, scene: Scene, force: bool) -> Result<()> {
     let (_pg, url) = match settings.db.url.clone().filter(|u| !u.is_empty()) {
-        Some(url) => (None, url),
+        Some(url) => {
+            if !force {
+                refuse_held_turns(&settings).await?;
+            }
+            (None, url)
+        }
         None => {
             eprintln!("demo: DATABASE_URL unset; starting a throwaway Postgres");
             let (pg, url) = DemoPg::start()?;
@@ -171,6 +178,27 @@ pub async fn run(settings: Settings, scene: Scene) -> Result<()> {
     println!("\n{}", result?);
     pool.close().await;
     Ok(())
+}
+
+/// Fails when the configured database holds turns: a real queue, whose queued turns the
+/// demo's worker would answer. A database without kvmem's tables holds none.
+async fn refuse_held_turns(settings: &Settings) -> Result<()> {
+    let pool = crate::system::connect(settings, 1).await?;
+    let has_table: bool = sqlx::query_scalar(include_str!("../../sql/cmd/demo_turns_table.sql"))
+        .fetch_one(&pool)
+        .await?;
+    let turns: i64 = if has_table {
+        sqlx::query_scalar(include_str!("../../sql/cmd/demo_turns_held.sql"))
+            .fetch_one(&pool)
+            .await?
+    } else {
+        0
+    };
+    pool.close().await;
+    match turns {
+        0 => Ok(()),
+        n => Err(DemoError::HoldsTurns(n)),
+    }
 }
 
 async fn runbook(pool: &PgPool) -> Result<String> {

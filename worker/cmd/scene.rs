@@ -49,6 +49,12 @@ pub enum DemoError {
     },
     #[error("{0}")]
     Timeout(&'static str),
+    #[error(
+        "DATABASE_URL's database already holds {0} turn(s): the demo runs a full worker on it, \
+         which would claim and answer any turn queued there. Unset DATABASE_URL for a \
+         throwaway Postgres, or pass --force to run on this database anyway"
+    )]
+    HoldsTurns(i64),
 }
 
 pub type Result<T, E = DemoError> = std::result::Result<T, E>;

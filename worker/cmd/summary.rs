@@ -44,7 +44,8 @@ pub struct SummaryArgs {
 
 #[derive(Subcommand)]
 pub enum SummaryCommand {
-    /// Session state, rolling summary, latest session summaries and the spine.
+    /// Session state, rolling summary, latest session summaries and the spine. Read-only;
+    /// never migrates.
     Show {
         #[arg(long)]
         user: String,
@@ -52,6 +53,7 @@ pub enum SummaryCommand {
         character: Option<i64>,
     },
     /// Queue new rolling, session and spine summaries for the user; `--run` also runs them.
+    /// Writes: migrates first.
     Rebuild {
         #[arg(long)]
         user: String,
@@ -60,9 +62,10 @@ pub enum SummaryCommand {
         #[arg(long)]
         run: bool,
     },
-    /// Run due summary jobs until none is left.
+    /// Run due summary jobs until none is left. Writes: migrates first.
     Work,
-    /// The merged user context (facts + today + days 2–7).
+    /// The merged user context (facts + today + days 2–7). Read-only (it stores the day
+    /// summaries it computes, as a cache); never migrates.
     Context {
         #[arg(long)]
         user: String,
@@ -71,23 +74,46 @@ pub enum SummaryCommand {
         scope: String,
     },
     /// Write a session's context document (recent history, summary, facts) to a file.
+    /// Read-only on the database; never migrates.
     Export {
         #[arg(long)]
         session: String,
         #[arg(long)]
         file: PathBuf,
     },
-    /// Store a session's context document from a file.
+    /// Store a session's context document from a file. Writes: migrates first.
     Import {
         #[arg(long)]
         file: PathBuf,
     },
 }
 
-/// Runs one `kvmem summary` command on `pool` (from [`crate::system::connect`]), migrating
-/// it first.
+impl SummaryCommand {
+    /// The subcommand as `kvmem summary <name>`, and whether it writes (so migrates first);
+    /// one that only reads must find the schema current instead.
+    fn name_and_writes(&self) -> (&'static str, bool) {
+        match self {
+            SummaryCommand::Show { .. } => ("summary show", false),
+            SummaryCommand::Rebuild { .. } => ("summary rebuild", true),
+            SummaryCommand::Work => ("summary work", true),
+            SummaryCommand::Context { .. } => ("summary context", false),
+            SummaryCommand::Export { .. } => ("summary export", false),
+            SummaryCommand::Import { .. } => ("summary import", true),
+        }
+    }
+}
+
+/// Runs one `kvmem summary` command on `pool` (from [`crate::system::connect`]): one that
+/// writes migrates first, one that only reads refuses a schema behind this binary.
 pub async fn run(args: SummaryArgs, settings: Settings, pool: PgPool) -> Result<()> {
-    crate::db::migrate(&pool).await?;
+    match args.command.name_and_writes() {
+        (_, true) => {
+            crate::db::migrate(&pool).await?;
+        }
+        (name, false) => {
+            crate::db::require_current(&pool, name).await?;
+        }
+    }
     match args.command {
         SummaryCommand::Show { user, character } => {
             print!("{}", show(&pool, &user, character).await?);

@@ -1,5 +1,5 @@
 //! `kvmem memory …`: import, search and inspect long-term memory from a shell, straight
-//! against Postgres (schema created if missing), with no worker running.
+//! against Postgres (schema created by the subcommands that write), with no worker running.
 
 mod error;
 mod eval;
@@ -57,6 +57,7 @@ impl ScopeArgs {
 pub enum MemoryCommand {
     /// Import chat history: one JSON object a line with user_id, optional character_id,
     /// session_id, message_id, speaker, text, at (RFC 3339). Idempotent by message_id.
+    /// Writes: migrates first.
     Import {
         #[arg(long)]
         file: PathBuf,
@@ -69,7 +70,8 @@ pub enum MemoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Ranked memories and messages for a query.
+    /// Ranked memories and messages for a query. Read-only (it stores the vectors it
+    /// computes for facts and spans that lacked them); never migrates.
     Search {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -90,6 +92,7 @@ pub enum MemoryCommand {
         json: bool,
     },
     /// The current facts ("what do you know"), with foundation memories and cards.
+    /// Read-only; never migrates.
     Show {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -99,6 +102,7 @@ pub enum MemoryCommand {
         json: bool,
     },
     /// Store an explicit, pinned fact (queued through kvmem_remember, then run here).
+    /// Writes: migrates first.
     Remember {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -109,6 +113,7 @@ pub enum MemoryCommand {
         entity: Vec<String>,
     },
     /// Archive the facts matching a text (queued through kvmem_forget, then run here).
+    /// Writes: migrates first.
     Forget {
         #[command(flatten)]
         scope: ScopeArgs,
@@ -116,6 +121,7 @@ pub enum MemoryCommand {
         text: String,
     },
     /// The todos of a user with one character (persona-scoped): open ones, or all.
+    /// Read-only; never migrates.
     Todos {
         #[arg(long)]
         user: String,
@@ -127,33 +133,36 @@ pub enum MemoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Entity cards: what is known about each person, place or thing.
+    /// Entity cards: what is known about each person, place or thing. Read-only; never
+    /// migrates.
     Cards {
         #[command(flatten)]
         scope: ScopeArgs,
         #[arg(long)]
         json: bool,
     },
-    /// The daily journal YYYY-MM-DD.md, rendered from Postgres.
+    /// The daily journal YYYY-MM-DD.md, rendered from Postgres. Read-only; never migrates.
     Journal {
         #[command(flatten)]
         scope: ScopeArgs,
         #[arg(long)]
         date: String,
     },
-    /// MEMORY.md, rendered from Postgres.
+    /// MEMORY.md, rendered from Postgres. Read-only; never migrates.
     Snapshot {
         #[command(flatten)]
         scope: ScopeArgs,
     },
     /// Give every message, span and fact a vector of the configured embedder: the first
     /// fill, or after a switch of model (searches leave the old model's vectors out until
-    /// then). Shows a progress bar; a run that stops resumes where it was.
+    /// then). Shows a progress bar; a run that stops resumes where it was. Writes:
+    /// migrates first.
     Reindex {
         #[arg(long)]
         user: Option<String>,
     },
     /// Propose (and with --merge, record) merges of near-identical entity slugs.
+    /// Read-only unless --merge, which writes (and migrates first).
     Entities {
         #[arg(long)]
         user: String,
@@ -163,14 +172,16 @@ pub enum MemoryCommand {
         merge: bool,
     },
     /// Curator pass: keep-80/120 archiving and near-duplicate folding for one user.
+    /// Writes: migrates first.
     Curate {
         #[command(flatten)]
         scope: ScopeArgs,
     },
-    /// Run queued memory jobs until none is left.
+    /// Run queued memory jobs until none is left. Writes: migrates first.
     Work,
     /// Evidence recall@5/@10 per ranker on a question file (ops/bench-memory): one JSON
     /// object a line with user_id, question, evidence (message ids), optional type, as_of.
+    /// Read-only on the database (as `search`); never migrates.
     Eval {
         #[arg(long)]
         questions: PathBuf,
@@ -208,10 +219,41 @@ fn print_json(v: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
-/// Runs one `kvmem memory` command against `DATABASE_URL`, migrating first.
+impl MemoryCommand {
+    /// The subcommand as `kvmem memory <name>`, and whether it writes (so migrates first);
+    /// one that only reads must find the schema current instead.
+    fn name_and_writes(&self) -> (&'static str, bool) {
+        match self {
+            MemoryCommand::Import { .. } => ("memory import", true),
+            MemoryCommand::Search { .. } => ("memory search", false),
+            MemoryCommand::Show { .. } => ("memory show", false),
+            MemoryCommand::Remember { .. } => ("memory remember", true),
+            MemoryCommand::Forget { .. } => ("memory forget", true),
+            MemoryCommand::Todos { .. } => ("memory todos", false),
+            MemoryCommand::Cards { .. } => ("memory cards", false),
+            MemoryCommand::Journal { .. } => ("memory journal", false),
+            MemoryCommand::Snapshot { .. } => ("memory snapshot", false),
+            MemoryCommand::Reindex { .. } => ("memory reindex", true),
+            MemoryCommand::Entities { merge, .. } => ("memory entities", *merge),
+            MemoryCommand::Curate { .. } => ("memory curate", true),
+            MemoryCommand::Work => ("memory work", true),
+            MemoryCommand::Eval { .. } => ("memory eval", false),
+        }
+    }
+}
+
+/// Runs one `kvmem memory` command against `DATABASE_URL`: one that writes migrates first,
+/// one that only reads refuses a schema behind this binary.
 pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
     let pool = crate::system::connect(&settings, 4).await?;
-    db::migrate(&pool).await?;
+    match args.command.name_and_writes() {
+        (_, true) => {
+            db::migrate(&pool).await?;
+        }
+        (name, false) => {
+            db::require_current(&pool, name).await?;
+        }
+    }
     let needs_embedder = !matches!(
         args.command,
         MemoryCommand::Cards { .. }
