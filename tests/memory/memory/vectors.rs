@@ -124,8 +124,8 @@ async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
     common::migrate(&pool).await;
     // A path of this test's own, so no other test of the binary loads it.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("minilm.gguf");
-    std::os::unix::fs::symlink(minilm(), &path).unwrap();
+    let path = dir.path().join("embedder.gguf");
+    std::os::unix::fs::symlink(default_embedder(), &path).unwrap();
     let a = kvmem::system::memory_service_loading(pool.clone(), config(Some(path.clone()))).await;
     let b = kvmem::system::memory_service_loading(pool.clone(), config(Some(path.clone()))).await;
     import_fixture(&a).await;
@@ -150,8 +150,8 @@ async fn two_searches_and_a_turn_load_the_embedder_once_and_open_one_pool(pool: 
     let url = common::db_url(&pool).await;
     // A path of this test's own, so no other test of the binary loads it.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("minilm.gguf");
-    std::os::unix::fs::symlink(minilm(), &path).unwrap();
+    let path = dir.path().join("embedder.gguf");
+    std::os::unix::fs::symlink(default_embedder(), &path).unwrap();
     let settings = common::settings(serde_json::json!({
         "database_url": url,
         "memory_embed_model_path": path,
