@@ -120,4 +120,5 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 mod facts;
 mod ingest;
 mod ranking;
+mod reads;
 mod vectors;

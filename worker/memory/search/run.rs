@@ -123,6 +123,7 @@ pub async fn gather(svc: &MemoryService, req: &SearchRequest) -> Result<Gathered
                 .filter(|_| qvec.is_some())
                 .map(str::to_string),
             without_vector: history.without_vector,
+            facts_without_vector: history.facts_without_vector,
             time_window: window,
             hits: Vec::new(),
             query_vector: qvec,
