@@ -103,7 +103,6 @@ pub async fn gather(svc: &MemoryService, req: &SearchRequest) -> Result<Gathered
         voice: voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice())),
         exact: history.exact,
     };
-
     // The dialogue and the facts are separate tables on connections of their own.
     let (mut candidates, facts) = tokio::try_join!(
         message_candidates(svc, req, &asked),
