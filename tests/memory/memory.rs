@@ -117,7 +117,6 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
-mod context;
 mod facts;
 mod ingest;
 mod ranking;
