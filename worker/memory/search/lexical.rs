@@ -1,5 +1,5 @@
 //! The lexical leg: Okapi BM25 over one user's messages with the user's own term
-//! statistics, each message read with its neighbours' words, inside Postgres.
+//! statistics, read inside Postgres.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -12,11 +12,6 @@ pub(super) const BM25_K1: f64 = 1.2;
 pub(super) const BM25_B: f64 = 0.75;
 /// What a word of the reply-to context counts beside a word of the message itself.
 pub(super) const BM25_CONTEXT_WEIGHT: f64 = 0.3;
-/// How many turns before and after a message, in its session, lend it their words...
-pub(super) const NEIGHBOUR_REACH: i64 = 2;
-/// ...and what such a word counts beside one of the message's own. Fitted on the tuning
-/// half of ops/memory-evalset (docs/benchmarks.md, "Retrieval quality").
-pub(super) const NEIGHBOUR_WEIGHT: f64 = 0.3;
 
 /// How many query-term matches a search reads from a large user's history before it stops
 /// pulling in the commoner terms' messages (they are still scored where another leg
@@ -47,8 +42,6 @@ pub(super) async fn bm25_ids(
             .bind(limit)
             .bind(LEXICAL_MATCH_BUDGET)
             .bind(also)
-            .bind(NEIGHBOUR_REACH)
-            .bind(NEIGHBOUR_WEIGHT)
             .fetch_all(pool)
             .await?;
     Ok(rows)
