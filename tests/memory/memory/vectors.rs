@@ -268,11 +268,14 @@ async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPoo
 #[sqlx::test(migrations = false)]
 async fn a_long_span_keeps_its_own_message(pool: PgPool) {
     let svc = service(&pool).await;
-    let bread = "The sourdough starter needs feeding twice a day with rye flour and warm water, \
+    let once = "The sourdough starter needs feeding twice a day with rye flour and warm water, \
                  then the dough rests overnight in the fridge, gets folded four times, shaped \
                  into a round loaf, scored with a razor and baked in a cast iron pot at high heat \
                  for forty minutes with the lid on and twenty more with it off. Then it cools \
                  on a rack for an hour before anyone is allowed to cut it.";
+    // Twice over: the span must pass e5-small's window (512) as well as MiniLM's (256).
+    let twice = format!("{once} {once}");
+    let bread = twice.as_str();
     let last = "Oh and my sister Maya just started as a nurse at the hospital in Lisbon.";
     let lines: Vec<(&str, &str)> = vec![
         ("Pri", bread),
