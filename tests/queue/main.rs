@@ -13,4 +13,5 @@ mod pipeline;
 mod queue;
 mod recall;
 mod sql_statements;
+mod storage;
 mod tenants;

@@ -108,6 +108,14 @@ impl Generator {
         }
     }
 
+    /// The snapshot store, when this generator writes snapshots.
+    pub fn snapshots(&self) -> Option<&crate::snapshot::SnapshotStore> {
+        match self {
+            Generator::Llama(pipeline) => Some(&pipeline.store),
+            Generator::Echo { .. } => None,
+        }
+    }
+
     /// The `path=` this generator logs.
     pub fn path(&self) -> TurnPath {
         match self {

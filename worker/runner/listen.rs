@@ -54,6 +54,7 @@ async fn listen_once(
 
 pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
     let every = Duration::from_millis(deps.settings.queue.reaper_ms);
+    let (mut last_upkeep, mut evictions_counted) = (None::<std::time::Instant>, 0);
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
@@ -73,6 +74,10 @@ pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: Cancellation
         }
         if let Err(e) = crate::stream::trim(&deps.pool).await {
             warn!(error = %e, "reply delta retention failed");
+        }
+        if last_upkeep.is_none_or(|at| at.elapsed() >= super::upkeep::UPKEEP_EVERY) {
+            super::upkeep::sweep_storage(&deps, &mut evictions_counted).await;
+            last_upkeep = Some(std::time::Instant::now());
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
