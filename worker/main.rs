@@ -375,7 +375,8 @@ async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
 async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<()> {
     let pool = system::connect_current(settings, 1, "status").await?;
     loop {
-        let text = status::report(&pool).await?;
+        let mut text = status::report(&pool).await?;
+        text.push_str(&status::storage(&pool, &settings.snapshot.dir).await?);
         if watch.is_some() {
             print!("\x1b[2J\x1b[H");
         }

@@ -35,6 +35,11 @@ struct CacheLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabel {
+    table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StartLabel {
     start: String,
 }
@@ -55,6 +60,8 @@ pub struct Metrics {
     batched_turns: Counter,
     queue_depth: Family<QueueLabel, Gauge>,
     snapshot_cache: crate::snapshot::CacheCounters,
+    snapshot_dir_bytes: Gauge,
+    retention_rows: Family<TableLabel, Counter>,
 }
 
 /// The process-wide metrics: what `kvmem worker` and `kvmem serve` count into and expose.
@@ -87,6 +94,8 @@ impl Metrics {
             batched_turns: Counter::default(),
             queue_depth: Family::default(),
             snapshot_cache: crate::snapshot::CacheCounters::default(),
+            snapshot_dir_bytes: Gauge::default(),
+            retention_rows: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -143,6 +152,16 @@ impl Metrics {
             "queue_depth",
             "Turns by state and lane, read from Postgres at scrape",
             m.queue_depth.clone(),
+        );
+        registry.register(
+            "snapshot_dir_bytes",
+            "Bytes of the snapshot files in KVMEM_KV_DIR, as of the last storage sweep",
+            m.snapshot_dir_bytes.clone(),
+        );
+        registry.register(
+            "retention_rows_removed",
+            "Rows deleted by retention, by table",
+            m.retention_rows.clone(),
         );
         let cache = &m.snapshot_cache;
         for (name, help, counter) in [
@@ -203,6 +222,20 @@ impl Metrics {
         if log.kv_bytes > 0 {
             self.kv_bytes.set(log.kv_bytes as i64);
             self.kv_bytes_saved.inc_by(log.kv_bytes);
+        }
+    }
+
+    /// One storage sweep: the rows it deleted per table and the directory's bytes after.
+    pub fn storage_swept(&self, rows: &[(&'static str, u64)], snapshot_bytes: Option<u64>) {
+        for (table, n) in rows {
+            self.retention_rows
+                .get_or_create(&TableLabel {
+                    table: table.to_string(),
+                })
+                .inc_by(*n);
+        }
+        if let Some(bytes) = snapshot_bytes {
+            self.snapshot_dir_bytes.set(bytes as i64);
         }
     }
 

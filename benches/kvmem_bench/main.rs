@@ -16,6 +16,7 @@ mod common;
 mod digest;
 mod queue;
 mod recall;
+mod soak;
 #[path = "../streaming/mod.rs"]
 mod streaming;
 mod warm_cold;
@@ -99,6 +100,7 @@ async fn main() -> Result<()> {
             "recall" => recall(&env).await?,
             "batch" => batching::batching(&env.smollm2, env.quick)?,
             "stream" => streaming::streaming(&env.base_url, &env.smollm2, env.quick).await?,
+            "soak" => soak::soak(&env).await?,
             other => anyhow::bail!("unknown suite {other}; suites: {all:?}"),
         };
         let path = env.results.join(format!("{suite}.json"));

@@ -15,5 +15,6 @@ mod queue;
 mod recall;
 mod retries;
 mod sql_statements;
+mod storage;
 mod tenants;
 mod upgrades;

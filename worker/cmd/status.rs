@@ -1,4 +1,5 @@
-//! `kvmem status`: the monitoring views in `sql/views/queue.sql`, printed for people.
+//! `kvmem status`: the monitoring views in `sql/views/queue.sql` and the storage upkeep's
+//! totals, printed for people.
 
 use std::fmt::Write;
 
@@ -90,5 +91,33 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
         p95_ms.unwrap_or(0.0)
     );
     out.push_str(&super::summary::status_report(pool).await?);
+    Ok(out)
+}
+
+/// The storage upkeep's totals (every worker's, from `kvmem_storage_counts`) and the bytes
+/// the snapshot files in `dir` hold on this host now.
+pub async fn storage(pool: &PgPool, dir: &std::path::Path) -> Result<String, sqlx::Error> {
+    let mut out = String::new();
+    let files = crate::snapshot::FileStore::new(dir, crate::snapshot::Limits::LOOSE)
+        .list()
+        .unwrap_or_default();
+    let bytes: u64 = files.iter().map(|(_, len)| len).sum();
+    let _ = writeln!(
+        out,
+        "snapshots: {} files, {bytes} bytes in {}",
+        files.len(),
+        dir.display()
+    );
+    let totals =
+        sqlx::query_as::<_, (String, i64)>(include_str!("../../sql/cmd/status_storage.sql"))
+            .fetch_all(pool)
+            .await?;
+    let _ = writeln!(out, "storage upkeep, all workers:");
+    if totals.is_empty() {
+        let _ = writeln!(out, "  (nothing removed yet)");
+    }
+    for (name, value) in &totals {
+        let _ = writeln!(out, "  {name:<24} {value}");
+    }
     Ok(out)
 }

@@ -98,9 +98,15 @@ pub struct SnapshotSettings {
     /// Bound on one object store request, retries included.
     #[serde(default = "default_s3_timeout_ms")]
     pub s3_timeout_ms: u64,
-    /// The local snapshot cache's cap in bytes, when snapshots live in an object store.
+    /// The snapshot directory's cap in bytes: the least recently used snapshots are deleted
+    /// to stay under it, in local mode (the only copy; a cold start rebuilds it) and in
+    /// front of an object store. 0 = no cap in local mode.
     #[serde(default = "default_cache_bytes")]
     pub cache_bytes: u64,
+    /// Quarantined `.bad` snapshots (files, and objects under `quarantine/`) are deleted
+    /// this many days after they were moved aside. 0 = kept forever.
+    #[serde(default = "default_quarantine_days")]
+    pub quarantine_days: u64,
 }
 
 /// `[db]`: the Postgres the queue, the memory and the summaries live in.
@@ -128,6 +134,17 @@ pub struct QueueSettings {
     pub shutdown_grace_ms: u64,
     pub lanes: Vec<String>,
     pub events_retention_hours: u64,
+    /// Done memory and summary jobs and dropped memory jobs are deleted this long after they
+    /// finished (a backend's job handle answers until then). 0 = kept.
+    #[serde(default = "default_finished_retention_hours")]
+    pub finished_retention_hours: u64,
+    /// Dead turns (with their log rows) and failed memory and summary jobs are deleted this
+    /// long after they finished. 0 = kept.
+    #[serde(default = "default_failed_retention_hours")]
+    pub failed_retention_hours: u64,
+    /// `turn_log` rows are deleted this long after their attempt finished. 0 = kept.
+    #[serde(default = "default_log_retention_hours")]
+    pub log_retention_hours: u64,
     /// A worker prefers sessions whose last turn it ran (their snapshot is in its cache).
     #[serde(default = "default_true")]
     pub claim_affinity: bool,
@@ -244,6 +261,22 @@ fn default_s3_timeout_ms() -> u64 {
 
 fn default_cache_bytes() -> u64 {
     4 << 30
+}
+
+fn default_quarantine_days() -> u64 {
+    7
+}
+
+fn default_finished_retention_hours() -> u64 {
+    24
+}
+
+fn default_failed_retention_hours() -> u64 {
+    168
+}
+
+fn default_log_retention_hours() -> u64 {
+    720
 }
 
 fn default_one() -> u32 {

@@ -52,13 +52,9 @@ async fn listen_once(
     }
 }
 
-/// How often a worker sweeps its snapshot store for erased scopes. An erase removes the
-/// scope's snapshots itself; the sweep catches copies in other workers' directories.
-const ERASE_SWEEP_EVERY: Duration = Duration::from_secs(60);
-
 pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
     let every = Duration::from_millis(deps.settings.queue.reaper_ms);
-    let mut erased_swept: Option<std::time::Instant> = None;
+    let (mut last_upkeep, mut evictions_counted) = (None::<std::time::Instant>, 0);
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
@@ -79,9 +75,11 @@ pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: Cancellation
         if let Err(e) = crate::stream::trim(&deps.pool).await {
             warn!(error = %e, "reply delta retention failed");
         }
-        if erased_swept.is_none_or(|t| t.elapsed() >= ERASE_SWEEP_EVERY) {
+        if last_upkeep.is_none_or(|at| at.elapsed() >= super::upkeep::UPKEEP_EVERY) {
+            // Erased scopes first: what the cap counts next is what is left.
             deps.generator.sweep_erased(&deps).await;
-            erased_swept = Some(std::time::Instant::now());
+            super::upkeep::sweep_storage(&deps, &mut evictions_counted).await;
+            last_upkeep = Some(std::time::Instant::now());
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -1,7 +1,7 @@
 //! The worker: claims turns, runs them through the generator and commits them. One turn is
 //! [`process_next_turn`]; [`run`] adds batched claims (`fetch`), leases (`lease`),
-//! group commit (`commit`), wake-ups and the reaper (`listen`) and the idle lanes
-//! (`lanes`), and stops everything on a signal or when one of its tasks dies.
+//! group commit (`commit`), wake-ups and the reaper (`listen`), storage upkeep (`upkeep`)
+//! and the idle lanes (`lanes`), and stops everything on a signal or when one of its tasks dies.
 
 mod commit;
 mod fetch;
@@ -10,6 +10,7 @@ mod lanes;
 mod lease;
 mod listen;
 mod process;
+mod upkeep;
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use tracing::{error, info};
 
 pub use generator::{Deps, Generator};
 pub use process::{process_next_turn, Outcome};
+pub use upkeep::{sweep_storage, StorageSwept};
 
 /// A fresh worker id: host, pid and a random suffix, so restarts never reuse one.
 pub fn new_worker_id() -> String {

@@ -327,9 +327,17 @@ impl SnapshotStore {
     }
 
     /// Brings the cap's index in line with the directory (files another worker sharing it
-    /// wrote or removed) and evicts what is over the cap; the bytes held after.
+    /// wrote or removed) and evicts what is over the cap; returns the bytes the directory's
+    /// snapshots hold after (listed, when there is no cap).
     pub fn reconcile(&self) -> u64 {
-        self.index.as_ref().map_or(0, |i| i.learn(&self.files))
+        match &self.index {
+            Some(index) => index.learn(&self.files),
+            None => self
+                .files
+                .list()
+                .map(|found| found.iter().map(|(_, len)| len).sum())
+                .unwrap_or(0),
+        }
     }
 
     /// The store's counters (evictions, quarantine removals, object store figures).
