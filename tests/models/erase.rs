@@ -228,15 +228,18 @@ async fn fill(pool: &PgPool, base: &str, user: &str, chars: &[i64], import: &Pat
         .output()
         .unwrap();
     assert_success(&out);
-    // The summary sessions close (as 30 idle minutes would): session summaries, contexts.
-    sqlx::query(
-        "SELECT kvmem_summary_close(id, now(), 'test') FROM summary_sessions
-          WHERE user_id = $1 AND ended_at IS NULL",
-    )
-    .bind(user)
-    .execute(pool)
-    .await
-    .unwrap();
+    // The summary session closes once idle (2 s here, see the test), and the lane
+    // summarises it: a real-time wait for real-time behaviour.
+    until("a session summary", Duration::from_secs(600), || async {
+        let n: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM session_summaries WHERE user_id = $1")
+                .bind(user)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        n > 0
+    })
+    .await;
     until("the lanes", Duration::from_secs(600), || quiet(pool)).await;
 }
 
@@ -245,6 +248,13 @@ async fn an_erased_user_is_gone_from_every_table_and_store_and_the_other_is_unto
     pool: PgPool,
 ) {
     migrate(&pool).await;
+    sqlx::query(
+        "INSERT INTO kvmem_config (key, value) VALUES ('summary_session_idle_s', '2')
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let work = tempfile::tempdir().unwrap();
     let kv = work.path().join("kv");
     let (bucket_name, bucket) = bucket("erase").await;
