@@ -6,7 +6,7 @@ use super::*;
 /// the batch context on every thread: the query must land where the same text stored does.
 #[test]
 fn a_query_embeds_as_the_same_text_does_in_a_batch() {
-    let e = Embedder::load(&default_embedder(), 2).expect("load the embedder");
+    let e = Embedder::load(&minilm(), 2).expect("load MiniLM");
     let texts: Vec<String> = [
         "where is the kayak",
         "Ana said the guitar needs new strings before the concert",
@@ -324,7 +324,7 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
         "/tests/fixtures/memory_chats.jsonl"
     );
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
         .args(["memory", "import", "--file", fixture, "--json"])
         .output()
         .unwrap();
@@ -332,7 +332,7 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rep["imported"], 5);
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
         .args([
             "memory",
             "search",

@@ -124,8 +124,8 @@ async fn two_services_and_their_searches_load_the_embedder_once(pool: PgPool) {
     common::migrate(&pool).await;
     // A path of this test's own, so no other test of the binary loads it.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("embedder.gguf");
-    std::os::unix::fs::symlink(default_embedder(), &path).unwrap();
+    let path = dir.path().join("minilm.gguf");
+    std::os::unix::fs::symlink(minilm(), &path).unwrap();
     let a = kvmem::system::memory_service_loading(pool.clone(), config(Some(path.clone()))).await;
     let b = kvmem::system::memory_service_loading(pool.clone(), config(Some(path.clone()))).await;
     import_fixture(&a).await;
@@ -150,8 +150,8 @@ async fn two_searches_and_a_turn_load_the_embedder_once_and_open_one_pool(pool: 
     let url = common::db_url(&pool).await;
     // A path of this test's own, so no other test of the binary loads it.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("embedder.gguf");
-    std::os::unix::fs::symlink(default_embedder(), &path).unwrap();
+    let path = dir.path().join("minilm.gguf");
+    std::os::unix::fs::symlink(minilm(), &path).unwrap();
     let settings = common::settings(serde_json::json!({
         "database_url": url,
         "memory_embed_model_path": path,
@@ -268,14 +268,11 @@ async fn spans_are_embedded_at_import_and_carry_a_topic_to_its_turns(pool: PgPoo
 #[sqlx::test(migrations = false)]
 async fn a_long_span_keeps_its_own_message(pool: PgPool) {
     let svc = service(&pool).await;
-    let once = "The sourdough starter needs feeding twice a day with rye flour and warm water, \
+    let bread = "The sourdough starter needs feeding twice a day with rye flour and warm water, \
                  then the dough rests overnight in the fridge, gets folded four times, shaped \
                  into a round loaf, scored with a razor and baked in a cast iron pot at high heat \
                  for forty minutes with the lid on and twenty more with it off. Then it cools \
                  on a rack for an hour before anyone is allowed to cut it.";
-    // Twice over: the span must pass e5-small's window (512) as well as MiniLM's (256).
-    let twice = format!("{once} {once}");
-    let bread = twice.as_str();
     let last = "Oh and my sister Maya just started as a nurse at the hospital in Lisbon.";
     let lines: Vec<(&str, &str)> = vec![
         ("Pri", bread),
