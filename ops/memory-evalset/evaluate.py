@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Evidence recall of kvmem's memory search on the evaluation set, beside two baselines on
-the same questions: plain BM25 over turns, and the embedder alone over turns.
+"""Evidence recall of kvmem's memory search on the evaluation set, beside baselines on the
+same questions: plain BM25 over turns, BM25 over turns stemmed as Postgres' `english`
+configuration stems (Snowball English), the same where each turn also carries the words of
+its ±k same-session neighbours at a weight, and the embedder alone over turns.
 
 kvmem is measured exactly as an outside judge measures it: each half is imported into a
 fresh database with `kvmem memory import --extract none`, and each question is one
 `kvmem memory search --user U --query Q --limit 20 --json` process. Recall@k is the share
 of a question's evidence messages among the first k distinct source_message_ids of the
-hits. The baselines share no code with kvmem: BM25 is written out below, and the embedder
+hits. The baselines share no code with kvmem: BM25 is written out below (the stemmed forms
+use the `snowballstemmer` package and Postgres' own English stop list), and the embedder
 baseline runs all-MiniLM-L6-v2 from its original safetensors in numpy (ops/minilm_reference.py's
 forward pass, with the tanh form of GELU for speed).
 
@@ -118,6 +121,72 @@ def bm25_rank(docs, query, k1=1.2, b=0.75):
     return [m for s, m in scores if s > 0][:20]
 
 
+# Postgres' `english` configuration: its stop list (the server's file where it is
+# installed, else the set's own), then the Snowball English stemmer.
+PG_STOP = pathlib.Path("/usr/share/postgresql/15/tsearch_data/english.stop")
+_STEMS = {}
+
+
+def stems(text):
+    import snowballstemmer
+    stop = _STEMS.setdefault("stop", set(PG_STOP.read_text().split()) if PG_STOP.exists() else STOP)
+    stem = _STEMS.setdefault("stemmer", snowballstemmer.stemmer("english"))
+    return [stem.stemWord(w) for w in re.findall(r"[a-z0-9]+", text.lower()) if w not in stop]
+
+
+# The context baseline's neighbours and their weight, fitted on the tuning half only
+# (`evaluate.py --fit-context`; grid k 1-6, weight 0.1-1.0).
+CONTEXT_K = 2
+CONTEXT_WEIGHT = 0.3
+
+
+def bm25_bags(bags, query_terms, k1=1.2, b=0.75, limit=20):
+    """Okapi BM25 over weighted bags of terms: bags = [(message_id, {term: tf})]."""
+    n = len(bags)
+    lens = [sum(t.values()) for _, t in bags]
+    avgdl = sum(lens) / max(n, 1)
+    df = collections.Counter(w for _, t in bags for w in t)
+    scores = []
+    for (mid, tf), dl in zip(bags, lens):
+        s = 0.0
+        for w in query_terms:
+            if w in tf:
+                idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+                s += idf * tf[w] * (k1 + 1) / (tf[w] + k1 * (1 - b + b * dl / avgdl))
+        scores.append((s, mid))
+    scores.sort(key=lambda x: -x[0])
+    return [m for s, m in scores if s > 0][:limit]
+
+
+def context_bags(turns, k, weight):
+    """Each turn's own stems, plus its ±k same-session neighbours' stems at `weight`.
+    turns = [(message_id, session_id, text)] in conversation order."""
+    own = [collections.Counter(stems(t)) for _, _, t in turns]
+    bags = []
+    for i, (mid, sess, _) in enumerate(turns):
+        bag = collections.Counter({w: float(c) for w, c in own[i].items()})
+        for j in range(max(0, i - k), min(len(turns), i + k + 1)):
+            if j != i and turns[j][1] == sess:
+                for w, c in own[j].items():
+                    bag[w] += weight * c
+        bags.append((mid, bag))
+    return bags
+
+
+def fit_context(turns_by_user, questions):
+    """The context baseline's k and weight, by R@10 over the given (tuning) questions."""
+    best = None
+    for k in range(1, 7):
+        for weight in [x / 10 for x in range(1, 11)]:
+            bags = {u: context_bags(t, k, weight) for u, t in turns_by_user.items()}
+            r = sum(recall(bm25_bags(bags[q["user_id"]], stems(q["question"])), q["evidence"], 10)
+                    for q in questions) / len(questions)
+            print(f"k {k} weight {weight:.1f}: R@10 {r:.3f}", file=sys.stderr)
+            if best is None or r > best[0]:
+                best = (r, k, weight)
+    return best
+
+
 class MiniLM:
     """all-MiniLM-L6-v2 in numpy, from the wheel's safetensors, vectors cached by text."""
 
@@ -191,8 +260,15 @@ def run_half(args, half, model):
         questions = [q for q in questions if q["user_id"] in keep]
         (tmp / "chats.jsonl").write_text("".join(json.dumps(m) + "\n" for m in chats))
     docs = collections.defaultdict(list)
+    turns = collections.defaultdict(list)
     for m in chats:
         docs[m["user_id"]].append((m["message_id"], m["text"]))
+        turns[m["user_id"]].append((m["message_id"], m["session_id"], m["text"]))
+    if args.fit_context:
+        if half != "tune":
+            raise SystemExit("--fit-context reads the tuning half only")
+        r, k, weight = fit_context(turns, questions)
+        return f"context baseline on the tuning half: k {k}, weight {weight} (R@10 {r:.3f})", {}, {}, questions
     owner = {m["message_id"]: m["user_id"] for m in chats}
     rows, info = {}, {"half": half, "messages": len(chats), "questions": len(questions)}
     systems = args.systems.split(",")
@@ -226,6 +302,19 @@ def run_half(args, half, model):
         for q in questions:
             ids = bm25_rank(docs[q["user_id"]], q["question"])
             rows["BM25 over turns"][q["qid"]] = {k: recall(ids, q["evidence"], k) for k in K}
+    if "bm25" in systems:
+        label = "BM25 over turns, stemmed"
+        rows[label] = {}
+        for q in questions:
+            bags = [(mid, collections.Counter(stems(t))) for mid, t in docs[q["user_id"]]]
+            ids = bm25_bags(bags, stems(q["question"]))
+            rows[label][q["qid"]] = {k: recall(ids, q["evidence"], k) for k in K}
+        label = f"BM25 stemmed, ±{args.context_k} neighbours at {args.context_weight}"
+        rows[label] = {}
+        bags = {u: context_bags(t, args.context_k, args.context_weight) for u, t in turns.items()}
+        for q in questions:
+            ids = bm25_bags(bags[q["user_id"]], stems(q["question"]))
+            rows[label][q["qid"]] = {k: recall(ids, q["evidence"], k) for k in K}
     if "embedder" in systems and model is not None:
         rows["embedder over turns"] = {}
         for q in questions:
@@ -247,6 +336,11 @@ def main():
     ap.add_argument("--extract", choices=["none", "llm"], default="none",
                     help="llm: import with --extract llm and run the lane's fact extraction before the questions")
     ap.add_argument("--conversations", type=int, help="only the half's first N conversations")
+    ap.add_argument("--context-k", type=int, default=CONTEXT_K, help="the context baseline's neighbours each side")
+    ap.add_argument("--context-weight", type=float, default=CONTEXT_WEIGHT,
+                    help="what a neighbour's word counts in the context baseline")
+    ap.add_argument("--fit-context", action="store_true",
+                    help="fit the context baseline's k and weight on the tuning half, and print them")
     ap.add_argument("--extract-model", default=os.environ.get("KVMEM_EVAL_EXTRACT_MODEL"),
                     help="the extraction model (GGUF) for --extract llm; ops/memory-eval passes SmolLM2")
     args = ap.parse_args()
