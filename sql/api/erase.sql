@@ -227,19 +227,40 @@ BEGIN
 END
 $$;
 
+-- The user's sets, resolved once for kvmem_erase_user and a late lane job's repeat.
+CREATE OR REPLACE FUNCTION kvmem_erase_user_sets(p_user text, p_audit boolean) RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT kvmem_erase_sets('user', kvmem_erase_subject('user', p_user), ARRAY[p_user],
+        ARRAY(SELECT id FROM user_characters WHERE user_id = p_user
+              UNION SELECT character_id FROM turns WHERE user_id = p_user),
+        ARRAY(SELECT session_id FROM turns WHERE user_id = p_user
+              UNION SELECT session_id FROM session_kv WHERE user_id = p_user),
+        true, p_audit)
+$$;
+
 CREATE OR REPLACE FUNCTION kvmem_erase_user(p_user text) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 BEGIN
     IF p_user IS NULL OR btrim(p_user) = '' THEN
         RAISE EXCEPTION 'kvmem_erase_user: user_id is empty' USING ERRCODE = '22023';
     END IF;
-    RETURN kvmem_erase_sets('user', kvmem_erase_subject('user', p_user), ARRAY[p_user],
-        ARRAY(SELECT id FROM user_characters WHERE user_id = p_user
-              UNION SELECT character_id FROM turns WHERE user_id = p_user),
-        ARRAY(SELECT session_id FROM turns WHERE user_id = p_user
-              UNION SELECT session_id FROM session_kv WHERE user_id = p_user),
-        true, true);
+    RETURN kvmem_erase_user_sets(p_user, true);
 END
+$$;
+
+-- One character's sets; p_users adds owners the character row no longer names (a late
+-- lane job's repeat, after the row went).
+CREATE OR REPLACE FUNCTION kvmem_erase_character_sets(p_character bigint, p_users text[], p_audit boolean)
+RETURNS jsonb
+LANGUAGE sql AS $$
+    SELECT kvmem_erase_sets('character', kvmem_erase_subject('character', p_character::text),
+        ARRAY(SELECT user_id FROM user_characters WHERE id = p_character
+              UNION SELECT user_id FROM turns WHERE character_id = p_character
+              UNION SELECT unnest(p_users)),
+        ARRAY[p_character],
+        ARRAY(SELECT session_id FROM turns WHERE character_id = p_character
+              UNION SELECT session_id FROM session_kv WHERE character_id = p_character),
+        false, p_audit)
 $$;
 
 CREATE OR REPLACE FUNCTION kvmem_erase_character(p_character bigint) RETURNS jsonb
@@ -248,13 +269,7 @@ BEGIN
     IF p_character IS NULL THEN
         RAISE EXCEPTION 'kvmem_erase_character: character_id is null' USING ERRCODE = '22023';
     END IF;
-    RETURN kvmem_erase_sets('character', kvmem_erase_subject('character', p_character::text),
-        ARRAY(SELECT user_id FROM user_characters WHERE id = p_character
-              UNION SELECT user_id FROM turns WHERE character_id = p_character),
-        ARRAY[p_character],
-        ARRAY(SELECT session_id FROM turns WHERE character_id = p_character
-              UNION SELECT session_id FROM session_kv WHERE character_id = p_character),
-        false, true);
+    RETURN kvmem_erase_character_sets(p_character, '{}', true);
 END
 $$;
 
@@ -298,21 +313,13 @@ BEGIN
     IF EXISTS (SELECT 1 FROM events
                 WHERE kind = 'erased' AND detail->>'subject' = v_user_subject
                   AND created_at > now() - make_interval(secs => p_within_secs)) THEN
-        PERFORM kvmem_erase_sets('user', v_user_subject, ARRAY[p_user],
-            ARRAY(SELECT id FROM user_characters WHERE user_id = p_user
-                  UNION SELECT character_id FROM turns WHERE user_id = p_user),
-            ARRAY(SELECT session_id FROM turns WHERE user_id = p_user
-                  UNION SELECT session_id FROM session_kv WHERE user_id = p_user),
-            true, false);
+        PERFORM kvmem_erase_user_sets(p_user, false);
         v_redone := v_redone + 1;
     ELSIF p_character IS NOT NULL AND EXISTS (
                SELECT 1 FROM events
                 WHERE kind = 'erased' AND detail->>'subject' = v_char_subject
                   AND created_at > now() - make_interval(secs => p_within_secs)) THEN
-        PERFORM kvmem_erase_sets('character', v_char_subject, ARRAY[p_user], ARRAY[p_character],
-            ARRAY(SELECT session_id FROM turns WHERE character_id = p_character
-                  UNION SELECT session_id FROM session_kv WHERE character_id = p_character),
-            false, false);
+        PERFORM kvmem_erase_character_sets(p_character, ARRAY[p_user], false);
         v_redone := v_redone + 1;
     ELSIF EXISTS (SELECT 1 FROM events
                    WHERE kind = 'erased' AND detail->>'subject' LIKE 'session:%'

@@ -101,13 +101,20 @@ impl FileStore {
         quarantine_path(&self.path(scope))
     }
 
+    /// The directory's entries; none when it does not exist yet (nothing saved).
+    fn entries(&self) -> io::Result<Option<fs::ReadDir>> {
+        match fs::read_dir(&self.dir) {
+            Ok(entries) => Ok(Some(entries)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The scopes with a snapshot file here, oldest first, with their sizes: what a cache
     /// in front of an object store starts from.
     pub fn list(&self) -> io::Result<Vec<(String, u64)>> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
+        let Some(entries) = self.entries()? else {
+            return Ok(Vec::new());
         };
         let mut found = Vec::new();
         for entry in entries {
@@ -161,10 +168,8 @@ impl FileStore {
     /// than `min_age` go: a save takes well under a second, and another worker sharing
     /// the directory may be writing right now. Returns how many were removed.
     pub fn sweep_stale_tmp(&self, min_age: std::time::Duration) -> io::Result<usize> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(e),
+        let Some(entries) = self.entries()? else {
+            return Ok(0);
         };
         let mut removed = 0;
         for entry in entries {
@@ -185,10 +190,8 @@ impl FileStore {
     /// The quarantined copies here (`<scope>.<millis>.bad`), with the scope, when each was
     /// moved aside, and its size.
     pub fn quarantined(&self) -> io::Result<Vec<Quarantined>> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
+        let Some(entries) = self.entries()? else {
+            return Ok(Vec::new());
         };
         let mut found = Vec::new();
         for entry in entries {
