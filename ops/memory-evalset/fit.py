@@ -13,6 +13,12 @@ Fit on the tuning half only. The reporting half is read once, for the figures pu
   fit.py grid DUMP                      the hybrid's weights, one at a time, around today's
   fit.py compare DUMP                   today's hybrid beside the standardised one (below)
   fit.py legs DUMP                      R@10 of each leg alone, ranking the same candidates
+  fit.py lift DUMP CHATS                a neighbour lift's reach, decay and weight (and the
+                                        BM25 weight beside it), over the standardised hybrid;
+                                        CHATS is the half's import file (turn order). Measured
+                                        and not adopted (docs/benchmarks.md)
+  fit.py kinds DUMP CHATS               R@5/R@10 per kind of the standardised hybrid without
+                                        and with the lift LIFT below
 """
 import collections
 import itertools
@@ -148,6 +154,85 @@ def legs(qs):
         print(f"{name:>22}: {fmt(evaluate(qs, lambda c: hybrid(c['signals'], w)))}")
 
 
+def positions(chats_path):
+    """Each message's session and place in it, from the import file (conversation order)."""
+    pos, count = {}, collections.Counter()
+    with open(chats_path) as f:
+        for line in f:
+            m = json.loads(line)
+            key = (m["user_id"], m["session_id"])
+            pos[(m["user_id"], m["message_id"])] = (m["session_id"], count[key])
+            count[key] += 1
+    return pos
+
+
+def lifted(q, base, pos, reach, decay, weight):
+    """A scorer: the hybrid's score plus `weight` times the best of the candidate's
+    same-session neighbours' scores (above the query's lowest), each times
+    decay^(distance - 1), within `reach` turns."""
+    scores = {c["id"]: base(c) for c in q["candidates"]}
+    floor = min(scores.values(), default=0.0)
+    at = {}
+    for c in q["candidates"]:
+        if c["kind"] == "message":
+            at[pos[(q["user_id"], c["id"])]] = c["id"]
+    lift = {}
+    for c in q["candidates"]:
+        if c["kind"] != "message":
+            continue
+        sess, i = pos[(q["user_id"], c["id"])]
+        best = 0.0
+        for d in range(1, reach + 1):
+            for j in (i - d, i + d):
+                n = at.get((sess, j))
+                if n is not None:
+                    best = max(best, (scores[n] - floor) * decay ** (d - 1))
+        lift[c["id"]] = best
+    return lambda c: scores[c["id"]] + weight * lift.get(c["id"], 0.0)
+
+
+def lift(qs, chats):
+    pos = positions(chats)
+    results = []
+    for bm25 in (0.25, 0.5, 0.75):
+        w = dict(ZHYBRID, bm25=bm25)
+        bases = [standardised(q, w) for q in qs]
+        none = evaluate_scorers(qs, bases)
+        print(f"bm25 {bm25}: no lift {fmt(none)}")
+        for reach in (1, 2, 3, 5, 8, 12):
+            for decay in (0.5, 0.7, 0.85, 1.0):
+                for weight in (0.05, 0.1, 0.2, 0.3, 0.5):
+                    scorers = [lifted(q, b, pos, reach, decay, weight) for q, b in zip(qs, bases)]
+                    res = evaluate_scorers(qs, scorers)
+                    results.append((res["all"], bm25, reach, decay, weight, res))
+    results.sort(key=lambda r: -r[0])
+    for r in results[:15]:
+        print(f"bm25 {r[1]} reach {r[2]} decay {r[3]} weight {r[4]}: {fmt(r[5])}")
+
+
+# The best lift on the tuning half over today's lexical leg (reach, decay, weight); over
+# the lexical leg with neighbours every lift tried lost (docs/benchmarks.md).
+LIFT = (3, 1.0, 0.1)
+
+
+def kinds(qs, chats):
+    pos = positions(chats)
+    bases = [standardised(q) for q in qs]
+    lifts = [lifted(q, b, pos, *LIFT) for q, b in zip(qs, bases)]
+    for name, scorers in (("standardised hybrid", bases), (f"with the lift {LIFT}", lifts)):
+        for k in (5, 10):
+            print(f"{name} R@{k}: {fmt(evaluate_scorers(qs, scorers, k))}")
+
+
+def evaluate_scorers(qs, scorers, k=10):
+    by_type = collections.defaultdict(list)
+    for q, scorer in zip(qs, scorers):
+        r = recall(ranked_ids(q, scorer), q["evidence"], k)
+        by_type["all"].append(r)
+        by_type[q.get("type") or "?"].append(r)
+    return {t: sum(v) / len(v) for t, v in by_type.items()}
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -160,6 +245,10 @@ def main():
         compare(dump)
     elif cmd == "legs":
         legs(dump)
+    elif cmd == "lift" and len(sys.argv) == 4:
+        lift(dump, sys.argv[3])
+    elif cmd == "kinds" and len(sys.argv) == 4:
+        kinds(dump, sys.argv[3])
     else:
         sys.exit(__doc__)
 

@@ -1,4 +1,4 @@
--- Stores vectors of model $3 for messages (backfill and import); one statement, autocommit.
+-- Stores vectors of model $3 for messages (the lane, its backfill, import); one statement, autocommit.
 UPDATE memory_messages m
    SET embedding = v.embedding, embed_model = $3
   FROM unnest($1::bigint[], $2::vector[]) AS v(id, embedding)

@@ -166,6 +166,12 @@ pub fn e5() -> PathBuf {
     model_path("KVMEM_TEST_E5", "multilingual-e5-small.q4_0.gguf")
 }
 
+/// The embedder a worker loads unless told otherwise (multilingual-e5-small): tests that
+/// need an embedder, not a particular one, run on what users run.
+pub fn default_embedder() -> PathBuf {
+    e5()
+}
+
 /// The tiny random-weight llama made by ops/make-tiny-model.
 pub fn tiny_model() -> PathBuf {
     model_path("KVMEM_TEST_TINY", "tiny-random-llama.gguf")

@@ -1,16 +1,17 @@
-//! Long-term memory on real Postgres and the real MiniLM embedder: keys, history,
+//! Long-term memory on real Postgres and the real default embedder (e5-small): keys, history,
 //! concurrency, archiving, rankers against hand-computed numbers, cards, remember/forget,
 //! degradation, tenant walls, import and the CLI's JSON.
 
 use crate::common;
 
-use common::minilm;
+use common::default_embedder;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use kvmem::memory::embed::Role;
+use kvmem::memory::ingest::backfill;
 use kvmem::memory::ingest::import::{self, ExtractMode};
 use kvmem::memory::ingest::jobs::{self, Outcome};
 use kvmem::memory::search::rank::{self, Signals};
@@ -19,9 +20,9 @@ use kvmem::memory::store::{self, FactType, Kind, NewMemory, Scope, Source, Upser
 use kvmem::memory::{Embedder, MemoryConfig, MemoryService, RankerKind};
 use sqlx::PgPool;
 
-/// The process's one MiniLM: loading it per test would only cost time.
+/// The process's one embedder: loading it per test would only cost time.
 fn embedder() -> Arc<Embedder> {
-    Embedder::shared(&minilm(), 1).expect("load MiniLM")
+    Embedder::shared(&default_embedder(), 1).expect("load the embedder")
 }
 
 fn config(path: Option<PathBuf>) -> MemoryConfig {
@@ -37,7 +38,11 @@ fn config(path: Option<PathBuf>) -> MemoryConfig {
 
 async fn service(pool: &PgPool) -> MemoryService {
     common::migrate(pool).await;
-    kvmem::system::memory_service_on(pool.clone(), config(Some(minilm())), Some(embedder()))
+    kvmem::system::memory_service_on(
+        pool.clone(),
+        config(Some(default_embedder())),
+        Some(embedder()),
+    )
 }
 
 fn at(s: &str) -> DateTime<Utc> {
@@ -116,4 +121,5 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 mod facts;
 mod ingest;
 mod ranking;
+mod reads;
 mod vectors;

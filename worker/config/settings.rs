@@ -187,7 +187,8 @@ pub struct LogSettings {
 /// `[memory]`: long-term memory, its lane and the recall budget.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MemorySettings {
-    /// The sentence-embedding GGUF (all-MiniLM-L6-v2); missing = lexical-only memory.
+    /// The sentence-embedding GGUF (multilingual-e5-small by default, all-MiniLM-L6-v2 an
+    /// option); missing = lexical-only memory.
     #[serde(default = "default_embed_model")]
     pub embed_model_path: Option<PathBuf>,
     #[serde(default)]
@@ -308,7 +309,7 @@ fn default_summary_cache() -> u64 {
 
 fn default_embed_model() -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
-    Some(PathBuf::from(home).join(".cache/kvmem/models/all-MiniLM-L6-v2.q8_0.gguf"))
+    Some(PathBuf::from(home).join(".cache/kvmem/models/multilingual-e5-small.q4_0.gguf"))
 }
 
 fn default_true() -> bool {

@@ -47,7 +47,7 @@ async fn a_failing_extractor_never_blocks_a_turn_or_loses_a_message(pool: PgPool
         let s = settings(serde_json::json!({
             "kv_dir": dir.path().join(user), "reply_max_tokens": 8,
             "memory_lane": true, "summary_lane": false, "memory_extract": true,
-            "memory_extract_model_path": not_a_model, "memory_embed_model_path": minilm(),
+            "memory_extract_model_path": not_a_model, "memory_embed_model_path": default_embedder(),
         }));
         let engine = load_engine(&tiny_model(), &s);
         let deps = llama_deps(&pool, s.clone(), engine, user);

@@ -258,7 +258,7 @@ async fn memory_work_never_marks_an_extraction_done_without_running_it(pool: PgP
         "/tests/fixtures/memory_chats.jsonl"
     );
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
         .args([
             "memory",
             "import",
@@ -284,7 +284,7 @@ async fn memory_work_never_marks_an_extraction_done_without_running_it(pool: PgP
         }
     };
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
         .env("KVMEM_MEMORY_EXTRACT", "false")
         .args(["memory", "work"])
         .output()
@@ -300,7 +300,7 @@ async fn memory_work_never_marks_an_extraction_done_without_running_it(pool: PgP
     assert_eq!(jobs("done").await, 0);
 
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
         .env("KVMEM_MEMORY_EXTRACT", "true")
         .env("KVMEM_MEMORY_EXTRACT_MODEL_PATH", common::tiny_model())
         .args(["memory", "work"])

@@ -6,7 +6,7 @@ use super::*;
 /// the batch context on every thread: the query must land where the same text stored does.
 #[test]
 fn a_query_embeds_as_the_same_text_does_in_a_batch() {
-    let e = Embedder::load(&minilm(), 2).expect("load MiniLM");
+    let e = Embedder::load(&default_embedder(), 2).expect("load the embedder");
     let texts: Vec<String> = [
         "where is the kayak",
         "Ana said the guitar needs new strings before the concert",
@@ -181,6 +181,10 @@ async fn tenants_are_walls(pool: PgPool) {
     c9.character_id = Some(9);
     c9.importance = 2;
     store::upsert(&pool, c9).await.unwrap();
+    // A search only reads: the memory lane gives these facts their vectors, as it would.
+    for u in ["alice", "bob"] {
+        while backfill::fill_vectorless(&svc, u).await.unwrap() > 0 {}
+    }
 
     // bob searches for alice's words: only bob's rows come back.
     for ranker in [
@@ -324,7 +328,7 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
         "/tests/fixtures/memory_chats.jsonl"
     );
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
         .args(["memory", "import", "--file", fixture, "--json"])
         .output()
         .unwrap();
@@ -332,7 +336,7 @@ async fn cli_search_prints_the_documented_json(pool: PgPool) {
     let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rep["imported"], 5);
     let out = common::kvmem_command(&url)
-        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", default_embedder())
         .args([
             "memory",
             "search",

@@ -12,6 +12,7 @@ use crate::memory::embed::{self, Role};
 use crate::memory::error::{MemoryError, Result};
 use crate::memory::events::event;
 use crate::memory::extractor::ExtractedFact;
+use crate::memory::ingest::backfill::fill_vectorless;
 use crate::memory::job::job_text;
 use crate::memory::notes::blob::rebuild_blob;
 use crate::memory::notes::todos;
@@ -155,6 +156,11 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     let mut result = json!({"embedded": false, "facts": 0});
     if m.unembedded {
         embed_message(svc, mid, &m, &mut result).await?;
+    }
+    // The vectors a search used to fill on its request path (it only reads now).
+    let back = fill_vectorless(svc, &m.user_id).await?;
+    if back > 0 {
+        result["backfilled"] = json!(back);
     }
     // Facts and todos come from what the user said, not from the character's replies.
     if m.speaker == "assistant" {

@@ -1,5 +1,6 @@
-//! The extracted facts as hits: each scored by the request's ranker against the query,
-//! with the vectors a fact lacks filled in on the way.
+//! The extracted facts as hits: each scored by the request's ranker against the query. A
+//! fact without a vector of the query's model is scored lexically (the memory lane fills
+//! it; a search only reads).
 
 use super::super::embed;
 use super::super::error::Result;
@@ -8,7 +9,6 @@ use super::super::store;
 use super::rank::{self, Signals};
 use super::rows::channel_score;
 use super::types::{ranks, Hit, HitKind, SearchRequest, FACT_CANDIDATES, VECTOR_CANDIDATES};
-use super::vector::{embed_missing, store_backfill};
 use super::words::overlap;
 
 /// The extracted facts' candidates, each with what the ranker reads.
@@ -18,13 +18,9 @@ pub(super) async fn fact_candidates(
     qwords: &[String],
     qvec: Option<&[f32]>,
 ) -> Result<Vec<(Hit, Signals)>> {
-    let mut facts = store::facts(&svc.pool, &req.scope, req.as_of, FACT_CANDIDATES).await?;
+    let facts = store::facts(&svc.pool, &req.scope, req.as_of, FACT_CANDIDATES).await?;
     if facts.is_empty() {
         return Ok(Vec::new());
-    }
-    if let Some(q) = qvec {
-        backfill_facts(svc, &mut facts).await;
-        let _ = q;
     }
     let lex: Vec<f64> = facts
         .iter()
@@ -113,29 +109,4 @@ fn fact_hit(f: store::Memory) -> Hit {
         at: Some(f.valid_from),
         entity_refs: f.entity_refs,
     }
-}
-
-/// Fills a few facts that have no vector at all; another model's vector waits for
-/// `kvmem memory reindex` (the search then scores that fact lexically).
-pub(super) async fn backfill_facts(svc: &MemoryService, facts: &mut [store::Memory]) {
-    let model = svc.model_id();
-    let missing = |f: &store::Memory| f.embedding.is_none();
-    let text =
-        |f: &store::Memory| store::embed_text(&f.fact_type, &f.text, f.evidence_text.as_deref());
-    let Some((todo, vecs)) = embed_missing(svc, facts, missing, text).await else {
-        return;
-    };
-    let bytes: Vec<Vec<u8>> = vecs.iter().map(|v| embed::to_bytes(v)).collect();
-    let ids: Vec<i64> = todo.iter().map(|&i| facts[i].id).collect();
-    for (&i, b) in todo.iter().zip(&bytes) {
-        facts[i].embedding = Some(b.clone());
-        facts[i].embed_model = model.map(str::to_string);
-    }
-    store_backfill(
-        svc,
-        include_str!("../../../sql/memory/set_memory_vectors.sql"),
-        &ids,
-        bytes,
-    )
-    .await;
 }

@@ -16,7 +16,7 @@ use super::timeq::TimeWindow;
 use super::types::{
     ranks, Hit, HitKind, SearchRequest, LEXICAL_CANDIDATES, VECTOR_CANDIDATES, WINDOW_CANDIDATES,
 };
-use super::vector::{backfill, cosines, nearest_messages};
+use super::vector::{cosines, nearest_messages};
 use super::words::{content_words, names, overlap, substance, VAGUE};
 
 /// What one leg found: its candidates, best first, and a value per candidate where the leg
@@ -162,12 +162,10 @@ pub(super) async fn message_candidates(
         return Ok(Vec::new());
     }
     let model = svc.model_id();
-    let mut rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref(), model).await?;
+    // A search only reads: a candidate without a vector keeps its lexical signals, and the
+    // memory lane gives it one (seed 002's backfill, moved off the request path).
+    let rows = fetch_messages(pool, &scope.user_id, &ids, qv.as_ref(), model).await?;
     take_cosines(&rows, &cosine_from_rows, &mut cos);
-    // Seed 002's backfill: a few candidates without vectors get one now.
-    if let Some(q) = qvec {
-        backfill(svc, q, &mut rows, &mut cos).await;
-    }
     if let (Some((speaker, _)), Some(v)) = (voice, &vv) {
         let who = (scope.user_id.as_str(), speaker);
         let voice_cos = voice_cosines(svc, who, v, voiced, &rows).await?;

@@ -5,7 +5,7 @@
 //! from an extracted fact or from the exact turn that holds it, with provenance.
 //!
 //! The room's files: `words` (the text rules every leg shares), `lexical` (BM25),
-//! `vector` (the nearest vectors, exact or through the index, and their backfill), `spans`
+//! `vector` (the nearest vectors, exact or through the index), `spans`
 //! (the span vectors: filled after import, searched and spread to their turns), `rows`
 //! (the candidate messages read back), `voice` (the question as its named speaker would
 //! ask it), `messages` (the dialogue's legs fused), `facts` (the extracted facts'
@@ -34,7 +34,7 @@ mod words;
 pub use components::Components;
 pub use recall_gate::lines_to_recall;
 pub use run::{gather, search, Gathered};
-pub use types::{Hit, HitKind, SearchRequest, SearchResponse, BACKFILL_PER_QUERY};
+pub use types::{Hit, HitKind, SearchRequest, SearchResponse};
 pub use voice::first_person;
 pub use words::{content_words, message_key, names, overlap, stem};
 

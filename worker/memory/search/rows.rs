@@ -23,9 +23,7 @@ pub(super) struct MsgRow {
     pub(super) speaker: String,
     pub(super) text: String,
     pub(super) at: DateTime<Utc>,
-    pub(super) context: Option<String>,
     pub(super) channel_id: Option<String>,
-    pub(super) unembedded: bool,
     /// The query's cosine, when the fetch was given the query's vector.
     pub(super) cosine: Option<f64>,
 }

@@ -103,7 +103,6 @@ pub async fn gather(svc: &MemoryService, req: &SearchRequest) -> Result<Gathered
         voice: voiced.as_ref().map(|(s, v)| (s.as_str(), v.as_slice())),
         exact: history.exact,
     };
-
     // The dialogue and the facts are separate tables on connections of their own.
     let (mut candidates, facts) = tokio::try_join!(
         message_candidates(svc, req, &asked),
@@ -123,6 +122,7 @@ pub async fn gather(svc: &MemoryService, req: &SearchRequest) -> Result<Gathered
                 .filter(|_| qvec.is_some())
                 .map(str::to_string),
             without_vector: history.without_vector,
+            facts_without_vector: history.facts_without_vector,
             time_window: window,
             hits: Vec::new(),
             query_vector: qvec,

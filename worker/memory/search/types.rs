@@ -15,8 +15,6 @@ use crate::memory::store::Scope;
 pub(super) const LEXICAL_CANDIDATES: i64 = 30;
 pub(super) const VECTOR_CANDIDATES: usize = 100;
 pub(super) const WINDOW_CANDIDATES: usize = 100;
-/// Seed 002: at most this many missing vectors are filled per query.
-pub const BACKFILL_PER_QUERY: usize = 8;
 /// Facts considered per query (one user's; keep-80 keeps this small).
 pub(super) const FACT_CANDIDATES: i64 = 5000;
 
@@ -73,6 +71,9 @@ pub struct SearchResponse {
     /// The user's messages left out of the vector legs: no vector yet, or another model's
     /// (`kvmem memory reindex` embeds them). The lexical legs still search them.
     pub without_vector: i64,
+    /// The user's current facts without a vector of the query's model: scored lexically
+    /// until the memory lane (or a reindex) embeds them. A search never writes one.
+    pub facts_without_vector: i64,
     pub time_window: Option<TimeWindow>,
     pub hits: Vec<Hit>,
     /// The query's vector, for callers that compare other text with it (recall's gate)

@@ -1,17 +1,13 @@
 //! The vector leg: a user's nearest messages by cosine, exact for a small history and
-//! through the HNSW index for a large one, and the vectors a search fills in on the way.
-
-use std::collections::HashMap;
+//! through the HNSW index for a large one. It only reads: rows without a vector are left
+//! to the lexical legs until the memory lane embeds them.
 
 use pgvector::Vector;
 use sqlx::PgPool;
 
-use super::super::embed::{self, Role};
 use super::super::error::Result;
 use super::super::service::MemoryService;
-use super::rows::MsgRow;
-use super::types::{SearchRequest, BACKFILL_PER_QUERY, VECTOR_CANDIDATES};
-use super::words::message_key;
+use super::types::{SearchRequest, VECTOR_CANDIDATES};
 
 /// HNSW candidates per search: the list the fusion reads is [`VECTOR_CANDIDATES`] long, and
 /// the index's recall of the true top-100 drops fast below twice that.
@@ -80,10 +76,12 @@ pub(super) struct History {
     /// Messages without a vector of the query's model (none yet, or another model's
     /// before `kvmem memory reindex`): only the lexical legs can find them.
     pub(super) without_vector: i64,
+    /// Current facts without a vector of the query's model: scored lexically.
+    pub(super) facts_without_vector: i64,
 }
 
 pub(super) async fn history(svc: &MemoryService, user: &str) -> Result<History> {
-    let (size, indexed, of_model): (i64, f64, i64) =
+    let (size, indexed, of_model, facts_without): (i64, f64, i64, i64) =
         sqlx::query_as(include_str!("../../../sql/memory/user_messages.sql"))
             .persistent(false)
             .bind(user)
@@ -93,6 +91,7 @@ pub(super) async fn history(svc: &MemoryService, user: &str) -> Result<History> 
     Ok(History {
         exact: exact_is_cheaper(size, indexed, svc.config.exact_search_max),
         without_vector: (size - of_model).max(0),
+        facts_without_vector: facts_without,
     })
 }
 
@@ -137,77 +136,6 @@ pub(super) async fn cosines(
             .fetch_all(pool)
             .await?,
     )
-}
-
-pub(super) async fn backfill(
-    svc: &MemoryService,
-    q: &[f32],
-    rows: &mut [MsgRow],
-    cos: &mut HashMap<i64, f64>,
-) {
-    let text = |r: &MsgRow| message_key(&r.speaker, &r.text, r.context.as_deref());
-    let Some((todo, vecs)) = embed_missing(svc, rows, |r| r.unembedded, text).await else {
-        return;
-    };
-    let ids: Vec<i64> = todo.iter().map(|&i| rows[i].id).collect();
-    for (id, v) in ids.iter().zip(&vecs) {
-        cos.insert(*id, embed::dot(q, v) as f64);
-    }
-    let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
-    store_backfill(
-        svc,
-        include_str!("../../../sql/memory/set_message_vectors.sql"),
-        &ids,
-        vectors,
-    )
-    .await;
-    for r in rows.iter_mut() {
-        if ids.contains(&r.id) {
-            r.unembedded = false;
-        }
-    }
-}
-
-/// The first [`BACKFILL_PER_QUERY`] of `items` that lack a vector (their indices) with the
-/// vectors just computed for them from `text`; `None` when none lacks one or nothing could
-/// embed them.
-pub(super) async fn embed_missing<T>(
-    svc: &MemoryService,
-    items: &[T],
-    missing: impl Fn(&T) -> bool,
-    text: impl Fn(&T) -> String,
-) -> Option<(Vec<usize>, Vec<Vec<f32>>)> {
-    let todo: Vec<usize> = (0..items.len())
-        .filter(|&i| missing(&items[i]))
-        .take(BACKFILL_PER_QUERY)
-        .collect();
-    if todo.is_empty() {
-        return None;
-    }
-    let texts = todo.iter().map(|&i| text(&items[i])).collect();
-    let vecs = svc.embed(texts, Role::Passage).await?;
-    Some((todo, vecs))
-}
-
-/// Writes vectors backfilled during a search. A failed write only costs the next search
-/// the same backfill, so it is an event, not an error.
-pub(super) async fn store_backfill<V>(
-    svc: &MemoryService,
-    sql: &'static str,
-    ids: &[i64],
-    vectors: Vec<V>,
-) where
-    Vec<V>: for<'q> sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
-{
-    let res = sqlx::query(sql)
-        .bind(ids)
-        .bind(vectors)
-        .bind(svc.model_id())
-        .execute(&svc.pool)
-        .await;
-    if let Err(e) = res {
-        super::super::events::event(&svc.pool, "memory_backfill_error", &e.to_string(), None).await;
-    }
 }
 
 #[cfg(test)]
