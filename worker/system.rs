@@ -267,13 +267,25 @@ pub async fn memory_service_loading(pool: PgPool, config: MemoryConfig) -> Memor
             embedder_missing(&pool, "no memory_embed_model_path configured").await;
             None
         }
-        Some(path) => match Embedder::shared(path, config.n_threads) {
-            Ok(e) => Some(e),
-            Err(e) => {
-                embedder_missing(&pool, &e.to_string()).await;
-                None
+        Some(path) => {
+            // The first load hashes and maps the whole file (a second or more for e5): off
+            // the async threads, so a turn's lease heartbeat keeps beating meanwhile.
+            let (path, n_threads) = (path.clone(), config.n_threads);
+            let loaded = tokio::task::spawn_blocking(move || Embedder::shared(&path, n_threads))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(crate::memory::embed::EmbedError::Llama(format!(
+                        "embedder load panicked: {e}"
+                    )))
+                });
+            match loaded {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    embedder_missing(&pool, &e.to_string()).await;
+                    None
+                }
             }
-        },
+        }
     };
     memory_service_on(pool, config, embedder)
 }

@@ -244,10 +244,24 @@ pub async fn one_turn(
         .await
         .expect("enqueue");
     let outcomes = drain(deps).await;
-    assert!(
-        outcomes.contains(&Outcome::Done(id)) || outcomes.contains(&Outcome::Failed(id)),
-        "{outcomes:?}"
-    );
+    if !(outcomes.contains(&Outcome::Done(id)) || outcomes.contains(&Outcome::Failed(id))) {
+        // Why the turn is not finished, for the failure message: its row and its log.
+        let why: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT status::text, error FROM turn_log WHERE turn_id = $1 ORDER BY id",
+        )
+        .bind(id.0)
+        .fetch_all(&deps.pool)
+        .await
+        .unwrap_or_default();
+        let lock: Option<(String, String)> = sqlx::query_as(
+            "SELECT coalesce(owner, ''), (expires_at - now())::text FROM session_locks WHERE session_id = $1",
+        )
+        .bind(sid)
+        .fetch_optional(&deps.pool)
+        .await
+        .unwrap_or_default();
+        panic!("turn {id:?} not finished: {outcomes:?}; logs {why:?}; lease {lock:?}");
+    }
     let log = last_log(&deps.pool, id.0).await;
     (id, log)
 }

@@ -6,6 +6,8 @@
 use crate::common;
 
 use common::*;
+use kvmem::lane::Outcome;
+use kvmem::memory::ingest::jobs;
 use kvmem::memory::store::{self, FactType, Kind, NewMemory, Source};
 use kvmem::memory::MemoryConfig;
 use kvmem::snapshot::{SegKind, Segment};
@@ -471,7 +473,7 @@ async fn each_question_recalls_the_message_that_answers_it_and_not_its_neighbour
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let dir = tempfile::tempdir().unwrap();
-    let (_, engine, deps) = rig(&pool, dir.path());
+    let (s, engine, deps) = rig(&pool, dir.path());
     let told = [
         "My sister Maya came over for dinner last night and cooked a huge curry.",
         "It reminded me of Lisbon, where I grew up, right next to the old tram line.",
@@ -480,6 +482,16 @@ async fn each_question_recalls_the_message_that_answers_it_and_not_its_neighbour
     for t in told {
         one_turn(&deps, "first", "u1", ch, t).await;
     }
+    // A search only reads: the memory lane embeds the told turns, as a worker's lane would
+    // before the next session; without it recall would have only the lexical legs.
+    let svc = kvmem::system::memory_service(pool.clone(), &s, true)
+        .await
+        .unwrap();
+    let mut ran = 0;
+    while let Outcome::Done { .. } = jobs::process_next_memory_job(&svc).await.unwrap() {
+        ran += 1;
+    }
+    assert!(ran >= told.len(), "the lane ingested the told turns: {ran}");
     let asked = [
         "What is my sister's name again?",
         "Which city did I grow up in?",
