@@ -62,6 +62,7 @@ fn job(i: usize, turn_id: i64, message: String, reply_max: u32) -> TurnJob {
         reply_prefix: String::new(),
         tail: 2000,
         reply_max,
+        sampling: Default::default(),
         export: true,
         stream: None,
     }

@@ -2,6 +2,8 @@
 --
 --   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there');
 --   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there', 'req-7f3a');
+--   SELECT kvmem_enqueue_turn('session_123', 'user_1', 42, 'Hello there',
+--                             options => '{"temperature": 0.8, "seed": 7, "stop": ["\n\n"]}');
 --
 -- `lane` is 'live' for backends; `kvmem replay` queues on 'replay', which workers take
 -- only when no live turn is ready.
@@ -9,14 +11,70 @@
 -- first call's turn instead of queueing another. Bad input raises SQLSTATE
 -- 22023 (invalid_parameter_value) or P0002 (unknown character) and queues nothing.
 -- Completion is announced on channel `kvmem_turn_done` (JSON payload).
+--
+-- `options` (null: the worker's configured sampling) is the turn's own sampling, checked
+-- by kvmem_check_turn_options below: an object of at most these keys, each optional:
+--   temperature  number 0..2 (0: greedy)      top_p       number in (0, 1]
+--   seed         integer 0..4294967295        stop        array of 1..16 non-empty strings
+--   max_tokens   integer >= 1 (the worker caps it at REPLY_MAX_TOKENS)
 DROP FUNCTION IF EXISTS kvmem_enqueue_turn(text, text, bigint, text, text);
+DROP FUNCTION IF EXISTS kvmem_enqueue_turn(text, text, bigint, text, text, text);
+
+-- Raises 22023 naming the first bad key of a turn's `options`; returns them unchanged.
+CREATE OR REPLACE FUNCTION kvmem_check_turn_options(options jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+    n numeric;
+BEGIN
+    IF options IS NULL OR options = 'null'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(options) <> 'object' THEN
+        RAISE EXCEPTION 'kvmem: options must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    FOR k, v IN SELECT * FROM jsonb_each(options) LOOP
+        IF k NOT IN ('temperature', 'top_p', 'seed', 'stop', 'max_tokens') THEN
+            RAISE EXCEPTION 'kvmem: unknown option %; allowed: temperature, top_p, seed, stop, max_tokens', k
+                USING ERRCODE = '22023';
+        END IF;
+        IF k = 'stop' THEN
+            IF jsonb_typeof(v) <> 'array' OR jsonb_array_length(v) NOT BETWEEN 1 AND 16
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(v) e
+                           WHERE jsonb_typeof(e) <> 'string' OR e #>> '{}' = '') THEN
+                RAISE EXCEPTION 'kvmem: option stop must be an array of 1 to 16 non-empty strings'
+                    USING ERRCODE = '22023';
+            END IF;
+            CONTINUE;
+        END IF;
+        IF jsonb_typeof(v) <> 'number' THEN
+            RAISE EXCEPTION 'kvmem: option % must be a number', k USING ERRCODE = '22023';
+        END IF;
+        n := v::numeric;
+        IF (k = 'temperature' AND n NOT BETWEEN 0 AND 2)
+           OR (k = 'top_p' AND (n <= 0 OR n > 1))
+           OR (k = 'seed' AND (n <> trunc(n) OR n NOT BETWEEN 0 AND 4294967295))
+           OR (k = 'max_tokens' AND (n <> trunc(n) OR n < 1 OR n > 2147483647)) THEN
+            RAISE EXCEPTION 'kvmem: option % is %, out of its range (%)', k, v,
+                CASE k WHEN 'temperature' THEN '0 to 2'
+                       WHEN 'top_p' THEN 'above 0, at most 1'
+                       WHEN 'seed' THEN 'a whole number, 0 to 4294967295'
+                       ELSE 'a whole number, at least 1' END
+                USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    RETURN options;
+END;
+$$;
 CREATE OR REPLACE FUNCTION kvmem_enqueue_turn(
     session_id      text,
     user_id         text,
     character_id    bigint,
     message         text,
     idempotency_key text DEFAULT NULL,
-    lane            text DEFAULT 'live'
+    lane            text DEFAULT 'live',
+    options         jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -53,6 +111,7 @@ BEGIN
     IF message ~ '[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]' THEN
         RAISE EXCEPTION 'kvmem: message contains control characters' USING ERRCODE = '22023';
     END IF;
+    options := kvmem_check_turn_options(options);
 
     SELECT uc.user_id INTO v_owner FROM user_characters uc WHERE uc.id = character_id;
     IF NOT FOUND OR v_owner IS DISTINCT FROM user_id THEN
@@ -90,8 +149,8 @@ BEGIN
     END IF;
 
     SELECT value::integer INTO v_attempts FROM kvmem_config WHERE key = 'max_attempts';
-    INSERT INTO turns (session_id, user_id, character_id, message, idempotency_key, max_attempts, lane)
-    VALUES (session_id, user_id, character_id, message, idempotency_key, coalesce(v_attempts, 5), lane)
+    INSERT INTO turns (session_id, user_id, character_id, message, idempotency_key, max_attempts, lane, options)
+    VALUES (session_id, user_id, character_id, message, idempotency_key, coalesce(v_attempts, 5), lane, options)
     ON CONFLICT DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN

@@ -23,7 +23,7 @@
      -- pending index, which the planner otherwise picks (stale statistics on a table of
      -- finished turns say it is empty) and then hashes every pending turn per claim.
      WHERE t.id = lease.turn_id AND t.state::text = 'queued'
-    RETURNING t.id, t.session_id, t.user_id, t.character_id, t.message, t.lane,
+    RETURNING t.id, t.session_id, t.user_id, t.character_id, t.message, t.lane, t.options,
               t.attempts, t.max_attempts, lease.fencing_token
 ), audit AS (
     INSERT INTO events (session_id, turn_id, kind, detail)

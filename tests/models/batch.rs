@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::*;
 use kvmem::context::digest;
 use kvmem::engine::batch::{decode_together, SeqJob};
-use kvmem::engine::{Contexts, Engine, GenStats, KvSession};
+use kvmem::engine::{Contexts, Engine, GenStats, KvSession, Sampling};
 use kvmem::pipeline::history::Exchange;
 use kvmem::pipeline::kv::{self, BatchTurn, ColdSource, KvOutcome, Start, TurnJob, TurnRun};
 use kvmem::pipeline::recall::ContextBlock;
@@ -72,6 +72,7 @@ fn sessions() -> Vec<(TurnJob, Vec<Exchange>)> {
                 reply_prefix: String::new(),
                 tail: 900,
                 reply_max: 24,
+                sampling: Sampling::default(),
                 export: true,
                 stream: None,
             };
@@ -239,8 +240,9 @@ fn batched_turns_match_the_same_turns_run_alone() {
     }
 }
 
-/// The joint decode itself: sessions of different lengths, one stopped by its token limit
-/// and one aborted, against the same prompts generated alone in a one-sequence context.
+/// The joint decode itself: sessions of different lengths, one sampling with its own
+/// temperature and seed, one stopped by its token limit and one aborted, against the same
+/// prompts generated alone in a one-sequence context.
 #[test]
 fn joint_generation_matches_alone_and_isolates_failures() {
     let settings = settings(serde_json::json!({ "n_ctx": 1024, "kv_type": "q8_0" }));
@@ -259,7 +261,17 @@ fn joint_generation_matches_alone_and_isolates_failures() {
     let mut alone = Vec::new();
     let mut prompts_held = Vec::new();
     let mut jobs = Vec::new();
+    let mut greedy_1 = Vec::new();
     for (i, (system, user, max)) in prompts.iter().enumerate() {
+        let own = if i == 1 {
+            Sampling {
+                temperature: Some(1.5),
+                seed: Some(99),
+                ..Sampling::default()
+            }
+        } else {
+            Sampling::default()
+        };
         let mut base = engine.base_tokens(system);
         // Different lengths: session i carries i extra system blocks.
         for k in 0..i {
@@ -274,7 +286,16 @@ fn joint_generation_matches_alone_and_isolates_failures() {
         s.append(&base, Some(SegKind::Base)).unwrap();
         let state = s.export_state();
         s.append(&message, Some(SegKind::Turn)).unwrap();
-        let reply = s.generate(*max, &never, &mut GenStats::default()).unwrap();
+        let at = s.len();
+        let mut stats = GenStats::default();
+        let reply = s
+            .generate_into(&own, *max, &never, &mut stats, &mut ())
+            .unwrap();
+        if i == 1 {
+            s.truncate_tail(at - 1).unwrap();
+            s.append(&message[message.len() - 1..], None).unwrap();
+            greedy_1 = s.generate(*max, &never, &mut stats).unwrap();
+        }
         alone.push(reply);
         prompts_held.push([&base[..], &message[..]].concat());
         jobs.push(SeqJob {
@@ -282,6 +303,7 @@ fn joint_generation_matches_alone_and_isolates_failures() {
             held: base.len() as u32,
             pending: message,
             max: *max,
+            sampling: own,
             abort: Arc::new(AtomicBool::new(i == 3)),
         });
     }
@@ -307,6 +329,10 @@ fn joint_generation_matches_alone_and_isolates_failures() {
         KvSession::restore(&engine, &mut one, &d.state, &ids, &seg)
             .expect("a sequence's state loads into a one-sequence context");
     }
+    assert_ne!(
+        alone[1], greedy_1,
+        "session 1's own temperature and seed change its reply from the greedy one"
+    );
     assert_eq!(
         done[2].as_ref().unwrap().generated.len(),
         3,

@@ -5,6 +5,7 @@
 mod common;
 
 mod batch;
+mod characters;
 mod cold_warm;
 mod digest;
 mod engine;
@@ -13,4 +14,5 @@ mod extract;
 mod fencing;
 mod process;
 mod retry;
+mod sampling;
 mod summary;

@@ -526,6 +526,7 @@ async fn replay_lane_waits_while_live_turns_are_ready(pool: PgPool) {
             character_id: ch,
             message: "replayed",
             idempotency_key: None,
+            options: None,
         };
         kvmem::queue::enqueue_on(&pool, &turn, "replay")
             .await

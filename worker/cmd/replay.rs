@@ -269,6 +269,7 @@ async fn queue_scenes<'s>(
                 character_id: scene.character_id,
                 message: msg,
                 idempotency_key: Some(&key),
+                options: None,
             };
             let id = queue::enqueue_on(pool, &turn, "replay").await?;
             queued.push(Queued {

@@ -82,6 +82,8 @@ pub const FLAT_KEYS: &[(&str, &str)] = &[
     ("http_max_in_flight", "http.max_in_flight"),
     ("http_max_timeout_ms", "http.max_timeout_ms"),
     ("http_retry_window_ms", "http.retry_window_ms"),
+    ("http_user_header", "http.user_header"),
+    ("http_system_message", "http.system_message"),
     ("log_format", "log.format"),
     ("log_level", "log.level"),
     ("memory_embed_model_path", "memory.embed_model_path"),

@@ -30,6 +30,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// What the chat endpoint does with a request's system message (`http.system_message`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SystemMessage {
+    /// The character's stored persona stands; a front-end's generic system prompt ("You
+    /// are a helpful assistant") never overwrites it.
+    #[default]
+    Ignore,
+    /// The system message becomes the character's persona, as an edit of it would.
+    Persona,
+}
+
 /// Where snapshots live.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

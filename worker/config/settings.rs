@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::kinds::{flag, KvType, LogFormat, MemoryRanker, SnapshotStoreKind};
+use super::kinds::{flag, KvType, LogFormat, MemoryRanker, SnapshotStoreKind, SystemMessage};
 
 /// Everything the worker, the CLI and the tests can tune.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -171,10 +171,21 @@ pub struct HttpSettings {
     /// `Idempotency-Key` may still be a retry of it (docs/http-api.md#retries).
     #[serde(default = "default_retry_window_ms")]
     pub retry_window_ms: u64,
+    /// The header that names the caller's user when the body has no `user` (a front-end
+    /// forwards its own, e.g. Open WebUI's `x-openwebui-user-id`).
+    #[serde(default = "default_user_header")]
+    pub user_header: String,
+    /// A chat request's system message: ignored, or taken as the character's persona.
+    #[serde(default)]
+    pub system_message: SystemMessage,
 }
 
 fn default_retry_window_ms() -> u64 {
     120_000
+}
+
+fn default_user_header() -> String {
+    "x-user-id".to_string()
 }
 
 /// `[log]`: the log lines' format and filter.

@@ -119,6 +119,13 @@ impl Settings {
                 "it and KVMEM_HTTP_MAX_BODY_BYTES must be at least 1",
             );
         }
+        let header_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if http.user_header.is_empty() || !http.user_header.chars().all(header_char) {
+            return invalid(
+                "KVMEM_HTTP_USER_HEADER",
+                "must be a header name (letters, digits, '-' and '_')",
+            );
+        }
         if queue.lanes.is_empty() {
             return invalid("KVMEM_LANES", "must name at least one lane");
         }

@@ -21,6 +21,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use super::error::{EngineError, Result};
 use super::model::{export_seq, Engine, TokenSink};
+use super::sampling::Sampling;
 
 /// One session's part of a joint decode.
 pub struct SeqJob {
@@ -33,6 +34,8 @@ pub struct SeqJob {
     pub pending: Vec<LlamaToken>,
     /// Most reply tokens.
     pub max: u32,
+    /// The reply's own sampling and stop strings.
+    pub sampling: Sampling,
     pub abort: Arc<AtomicBool>,
 }
 
@@ -110,7 +113,7 @@ pub fn decode_together_into(
         }
         live.push(Live {
             seq,
-            sampler: engine.sampler(),
+            sampler: engine.sampler(&job.sampling),
             next: None,
             out: Vec::new(),
             pos: job.held,
@@ -216,9 +219,10 @@ impl Joint<'_, '_> {
     }
 
     /// Shared generation steps: each running session adds its sampled token to the step's
-    /// batch until it samples an end-of-generation token, reaches its `max`, or is aborted.
-    /// The rule per session is the one-sequence loop's ([`super::KvSession::generate`]), so a
-    /// session's reply does not depend on who shares the steps.
+    /// batch until it samples an end-of-generation token, reaches its `max`, holds a stop
+    /// string, or is aborted. The rule per session is the one-sequence loop's
+    /// ([`super::KvSession::generate`]), so a session's reply does not depend on who shares
+    /// the steps.
     fn generate(&mut self) -> Result<()> {
         let jobs = self.jobs;
         let mut batch = LlamaBatch::new(self.live.len().max(1), self.live.len() as i32);
@@ -235,7 +239,13 @@ impl Joint<'_, '_> {
                     continue;
                 }
                 let next = match l.next {
-                    Some(t) if (l.out.len() as u32) < jobs[i].max && !self.engine.is_eog(t) => t,
+                    Some(t)
+                        if (l.out.len() as u32) < jobs[i].max
+                            && !self.engine.is_eog(t)
+                            && !self.engine.stops(&jobs[i].sampling, &l.out) =>
+                    {
+                        t
+                    }
                     _ => {
                         l.done_ms = (self.ms)();
                         l.result = Some(Ok(()));

@@ -8,6 +8,7 @@ mod frame;
 pub mod generate;
 mod model;
 pub mod pool;
+mod sampling;
 mod session;
 pub mod threads;
 
@@ -16,4 +17,5 @@ pub use frame::{Block, ChatFrame};
 pub use generate::{Busy, GenerateError};
 pub use model::{backend, file_sha256, Engine, EngineParams, TokenSink, LLAMA_BUILD};
 pub use pool::{Contexts, EnginePool};
+pub use sampling::{stop_at, unstoppable_len, Sampling};
 pub use session::{GenStats, KvSession};

@@ -19,6 +19,7 @@ use crate::config::{KvType, Settings};
 
 use super::error::{EngineError, Result};
 use super::frame::{Block, ChatFrame};
+use super::sampling::Sampling;
 
 /// Where a reply's tokens go while they are generated (the streamed reply), called on the
 /// engine thread between decode steps: an implementation must not block.
@@ -253,10 +254,23 @@ impl Engine {
         self.model.vocab().is_eog(t)
     }
 
+    /// Whether the reply so far, `out`, holds one of `own`'s stop strings. The loops check
+    /// after each decoded token, so they stop with the token that completed it in the KV;
+    /// the settle step decodes the exchange again from the cut text, so the saved KV keeps
+    /// no more than the stored reply.
+    pub fn stops(&self, own: &Sampling, out: &[LlamaToken]) -> bool {
+        if own.stop.is_empty() || out.is_empty() {
+            return false;
+        }
+        let text = self.detokenize(out);
+        own.stop.iter().any(|s| text.contains(s.as_str()))
+    }
+
     /// Penalties, then truncation and temperature, then the pick (llama.cpp's chain order).
     /// A fresh chain per reply: its penalty window holds this reply's tokens only, so a
-    /// reply is the same whether the session resumed warm or was rebuilt.
-    pub(super) fn sampler(&self) -> LlamaSampler {
+    /// reply is the same whether the session resumed warm or was rebuilt. `own` overrides
+    /// the configured temperature, top-p and seed for one reply.
+    pub(super) fn sampler(&self, own: &Sampling) -> LlamaSampler {
         let p = &self.params;
         let mut chain = Vec::new();
         if p.repeat_penalty != 1.0 && p.repeat_last_n != 0 {
@@ -268,12 +282,13 @@ impl Engine {
                 0.0,
             ));
         }
-        if p.temperature <= 0.0 {
+        let temperature = own.temperature.unwrap_or(p.temperature);
+        if temperature <= 0.0 {
             chain.push(LlamaSampler::greedy());
         } else {
-            chain.push(LlamaSampler::top_p(p.top_p, 1));
-            chain.push(LlamaSampler::temp(p.temperature));
-            chain.push(LlamaSampler::dist(p.seed));
+            chain.push(LlamaSampler::top_p(own.top_p.unwrap_or(p.top_p), 1));
+            chain.push(LlamaSampler::temp(temperature));
+            chain.push(LlamaSampler::dist(own.seed.unwrap_or(p.seed)));
         }
         LlamaSampler::chain_simple(chain)
     }

@@ -11,6 +11,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use super::error::{EngineError, Result};
 use super::model::{Engine, TokenSink, SEQ};
+use super::sampling::Sampling;
 use crate::snapshot::{SegKind, Segment};
 
 /// Timings of one generation, in milliseconds.
@@ -177,19 +178,21 @@ impl<'e, 'c> KvSession<'e, 'c> {
         abort: &AtomicBool,
         stats: &mut GenStats,
     ) -> Result<Vec<LlamaToken>> {
-        self.generate_into(max, abort, stats, &mut ())
+        self.generate_into(&Sampling::default(), max, abort, stats, &mut ())
     }
 
-    /// [`KvSession::generate`], handing each token to `sink` as soon as it is sampled.
+    /// [`KvSession::generate`] with the reply's own sampling (which may end it at a stop
+    /// string), handing each token to `sink` as soon as it is sampled.
     pub fn generate_into(
         &mut self,
+        own: &Sampling,
         max: u32,
         abort: &AtomicBool,
         stats: &mut GenStats,
         sink: &mut dyn TokenSink,
     ) -> Result<Vec<LlamaToken>> {
         let started = Instant::now();
-        let mut sampler = self.engine.sampler();
+        let mut sampler = self.engine.sampler(own);
         let mut out = Vec::new();
         let mut batch = LlamaBatch::new(1, 1);
         let mut logits_idx = -1;
@@ -217,6 +220,9 @@ impl<'e, 'c> KvSession<'e, 'c> {
                 .decode(&mut batch)
                 .map_err(|e| EngineError::Decode(e.to_string()))?;
             logits_idx = 0;
+            if self.engine.stops(own, &out) {
+                break;
+            }
         }
         self.tokens.extend_from_slice(&out);
         if let Some(last) = self.segments.last_mut() {

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio::sync::broadcast;
 
+use crate::config::SystemMessage;
 use crate::queue::{self, NewTurn, Repeat, TurnId};
 
 use super::answer::{delivered, fingerprint, OwnedTurnRow};
@@ -64,6 +65,8 @@ struct Asked {
     key: Option<String>,
     stream: bool,
     include_usage: bool,
+    /// The turn's sampling options and the system message ([`super::fields`]).
+    fields: super::fields::Fields,
 }
 
 /// `POST /v1/chat/completions`. kvmem keeps the dialogue itself, so only the last user
@@ -74,7 +77,12 @@ pub(super) async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let asked = read(&state, &headers, &body)?;
+    let asked = read(&state, &headers, &body).await?;
+    if let Some(system) = asked.fields.system.as_deref() {
+        if state.settings.http.system_message == SystemMessage::Persona {
+            super::models::set_persona(&state.pool, asked.character, &asked.user, system).await?;
+        }
+    }
     // Subscribe before enqueueing, so a fast completion cannot slip past us.
     let mut done = state.done.subscribe();
     let id = enqueue(&state, &asked, &headers, &body).await?;
@@ -93,34 +101,41 @@ pub(super) async fn chat(
     respond(&state, id, &asked.user, asked.model).await
 }
 
-fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Asked, ApiError> {
+async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Asked, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
     let req: ChatRequest = serde_json::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("invalid request JSON: {e}")))?;
+    let fields = super::fields::read(&serde_json::from_str(text).unwrap_or_default())?;
     let session = req
         .session_id
         .or_else(|| header(headers, "x-session-id"))
         .ok_or_else(|| {
             ApiError::bad_request("missing session id (body `session_id` or header X-Session-Id)")
         })?;
+    let user_header = &state.settings.http.user_header;
     let user = req
         .user
-        .or_else(|| header(headers, "x-user-id"))
+        .or_else(|| header(headers, user_header))
         .ok_or_else(|| {
-            ApiError::bad_request("missing user id (body `user` or header X-User-Id)")
+            ApiError::bad_request(format!(
+                "missing user id (body `user` or header {user_header})"
+            ))
         })?;
-    let character = match req.character_id {
-        Some(c) => c,
-        None => header(headers, "x-character-id")
-            .ok_or_else(|| {
-                ApiError::bad_request(
-                    "missing character id (body `character_id` or header X-Character-Id)",
-                )
-            })?
-            .parse()
-            .map_err(|_| ApiError::bad_request("X-Character-Id must be an integer"))?,
-    };
+    // `character_id` (or its header) wins; else `model` names one of the user's characters.
+    let character =
+        match (req.character_id, header(headers, "x-character-id")) {
+            (Some(c), _) => c,
+            (None, Some(h)) => h
+                .parse()
+                .map_err(|_| ApiError::bad_request("X-Character-Id must be an integer"))?,
+            (None, None) => match req.model.as_deref() {
+                Some(model) => super::models::select(&state.pool, &user, model).await?,
+                None => return Err(ApiError::bad_request(
+                    "missing character (body `model` or `character_id`, or header X-Character-Id)",
+                )),
+            },
+        };
     let last = req
         .messages
         .iter()
@@ -141,6 +156,7 @@ fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Asked, Api
         key: header(headers, "idempotency-key"),
         stream: req.stream,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
+        fields,
     })
 }
 
@@ -177,6 +193,7 @@ async fn enqueue(
         character_id: asked.character,
         message: &asked.message,
         idempotency_key: asked.key.as_deref(),
+        options: asked.fields.options.as_ref(),
     };
     if asked.key.is_some() {
         return Ok(queue::enqueue_on(&state.pool, &turn, "live").await?);

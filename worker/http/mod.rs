@@ -26,9 +26,11 @@ mod answer;
 mod chat;
 mod erase;
 mod error;
+mod fields;
 mod hint;
 mod memory;
 pub mod memory_api;
+mod models;
 mod ops;
 mod sse;
 mod state;
@@ -48,6 +50,7 @@ pub fn router(state: AppState) -> Router {
     let in_flight = Arc::new(Semaphore::new(state.settings.http.max_in_flight as usize));
     Router::new()
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models::models))
         .route("/v1/rotate-hint", get(rotate_hint))
         .route("/v1/info", get(info))
         .route("/metrics", get(metrics))

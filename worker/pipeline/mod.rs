@@ -38,7 +38,7 @@ use crate::services::Services;
 use crate::snapshot::{self, SnapshotStore};
 use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
-use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOutput};
+use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOptions, TurnOutput};
 use event::event;
 use kv::{KvOutcome, Start, TurnJob, TurnRun};
 use turn_ctx::TurnCtx;
@@ -169,7 +169,7 @@ impl TurnPipeline {
         }
 
         // 2–4. Prune, build the context (HUD, digest when due, message), generate.
-        let job = self.job(turn, &inputs);
+        let job = self.job(turn, &inputs)?;
         // What the turn spent before its engine thread (inputs, recall, snapshot read)
         // counts towards its time to first token.
         let before_engine_ms = turn_started.elapsed().as_millis() as u64;
@@ -213,11 +213,13 @@ impl TurnPipeline {
         })
     }
 
-    /// What the engine thread runs for `turn`: its inputs, within the settings' budgets,
-    /// with a stream target when replies are streamed.
-    fn job(&self, turn: &ClaimedTurn, inputs: &Inputs) -> TurnJob {
+    /// What the engine thread runs for `turn`: its inputs, within the settings' budgets
+    /// and its own sampling, with a stream target when replies are streamed. Options the
+    /// SQL API admitted always read back; a row that does not is no attempt's to fix.
+    fn job(&self, turn: &ClaimedTurn, inputs: &Inputs) -> Result<TurnJob, TurnError> {
         let s = &self.settings;
-        TurnJob {
+        let options = TurnOptions::from_row(turn.options.as_ref()).map_err(TurnError::fatal)?;
+        Ok(TurnJob {
             turn_id: turn.id.0,
             base_prompt: inputs.base_prompt.clone(),
             hud: inputs.hud.clone(),
@@ -228,14 +230,15 @@ impl TurnPipeline {
             user: turn.message.clone(),
             reply_prefix: inputs.reply_prefix.clone(),
             tail: s.turn.kv_tail_tokens,
-            reply_max: s.turn.reply_max_tokens,
+            reply_max: options.reply_max(s.turn.reply_max_tokens),
+            sampling: options.sampling(),
             export: s.turn.kv_only_enabled,
             stream: s.turn.stream_deltas.then(|| {
                 self.publisher
                     .get_or_init(|| Publisher::spawn(self.db.clone()))
                     .target(turn.id.0, turn.fencing_token, &turn.session_id)
             }),
-        }
+        })
     }
 
     /// Steps 1 and 5 (`load.rs`, `save.rs`) get only the parts of the pipeline they use,

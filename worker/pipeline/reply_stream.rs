@@ -1,9 +1,10 @@
 //! The reply as the user sees it while it is generated: each new token's text goes to the
 //! turn's stream as soon as it is certain to stay in the stored reply, so the deltas joined
 //! are the stored reply byte for byte. Held back until later tokens settle them: the bytes
-//! of a character split across tokens, anything that could still grow into the hidden
-//! memory-line tail ([`memory_line`]) or come to stand before one, and the few characters
-//! the detokenizer's space clean-up can still change.
+//! of a character split across tokens, anything that could still grow into one of the
+//! request's stop strings, or into the hidden memory-line tail ([`memory_line`]) or come to
+//! stand before one, and the few characters the detokenizer's space clean-up can still
+//! change.
 
 use std::borrow::Cow;
 
@@ -11,14 +12,32 @@ use llama_cpp_2::token::LlamaToken;
 use serde_json::Value;
 
 use super::memory_line::{self, Split};
-use crate::engine::{Engine, TokenSink};
+use crate::engine::{stop_at, unstoppable_len, Engine, TokenSink};
 use crate::stream::TurnStream;
 
-/// What the user sees of a reply made of `tokens` (the worker-written start, then the
-/// generated tokens): the detokenized text without its hidden tail. The stored reply and
-/// the stream's last delta both come from here.
-pub fn reply_split(engine: &Engine, tokens: &[LlamaToken]) -> Split {
-    memory_line::split(&engine.detokenize(tokens))
+/// What the user sees of a reply made of `tokens` (the worker-written start, its first
+/// `start` tokens, then the generated ones): the detokenized text, cut before the first
+/// stop string the model generated, without its hidden tail; and whether a stop string
+/// cut it. The stored reply and the stream's last delta both come from here.
+pub fn reply_split(
+    engine: &Engine,
+    tokens: &[LlamaToken],
+    start: usize,
+    stop: &[String],
+) -> (Split, bool) {
+    let text = engine.detokenize(tokens);
+    match stop_at(&text, generated_from(engine, tokens, start, stop), stop) {
+        Some(at) => (memory_line::split(&text[..at]), true),
+        None => (memory_line::split(&text), false),
+    }
+}
+
+/// Where the generated text starts: stop strings are looked for from there on only.
+fn generated_from(engine: &Engine, tokens: &[LlamaToken], start: usize, stop: &[String]) -> usize {
+    if stop.is_empty() || start == 0 {
+        return 0;
+    }
+    engine.detokenize(&tokens[..start.min(tokens.len())]).len()
 }
 
 /// A turn's reply on its way to the stream; without a stream every call does nothing.
@@ -27,16 +46,27 @@ pub struct ReplyStream {
     /// The worker-written start of the reply, then the tokens generated so far.
     tokens: Vec<LlamaToken>,
     prefix_len: usize,
+    /// The request's stop strings, looked for from byte `from` (after the worker-written
+    /// start) on.
+    stop: Vec<String>,
+    from: usize,
     /// The text sent so far: always a prefix of the stored reply.
     sent: String,
 }
 
 impl ReplyStream {
-    pub fn new(stream: Option<TurnStream>, prefix: &[LlamaToken]) -> ReplyStream {
+    pub fn new(
+        engine: &Engine,
+        stream: Option<TurnStream>,
+        prefix: &[LlamaToken],
+        stop: &[String],
+    ) -> ReplyStream {
         ReplyStream {
             stream,
             tokens: prefix.to_vec(),
             prefix_len: prefix.len(),
+            stop: stop.to_vec(),
+            from: generated_from(engine, prefix, prefix.len(), stop),
             sent: String::new(),
         }
     }
@@ -47,7 +77,7 @@ impl ReplyStream {
         let Some(stream) = self.stream.as_mut() else {
             return;
         };
-        let first = settled(engine, &self.tokens);
+        let first = settled(engine, &self.tokens, self.from, &self.stop);
         self.sent.push_str(&first);
         stream.start(meta, first);
     }
@@ -59,7 +89,7 @@ impl TokenSink for ReplyStream {
             return;
         };
         self.tokens.push(t);
-        let now = settled(engine, &self.tokens);
+        let now = settled(engine, &self.tokens, self.from, &self.stop);
         // Settled text only grows; the check keeps a surprise from ever sending text
         // that is not the stored reply's (the last delta then says what is missing).
         if now.len() > self.sent.len() && now.starts_with(self.sent.as_str()) {
@@ -75,7 +105,9 @@ impl TokenSink for ReplyStream {
         };
         self.tokens.truncate(self.prefix_len);
         self.tokens.extend_from_slice(reply);
-        let whole = reply_split(engine, &self.tokens).reply;
+        let whole = reply_split(engine, &self.tokens, self.prefix_len, &self.stop)
+            .0
+            .reply;
         match whole.strip_prefix(self.sent.as_str()) {
             Some(rest) => stream.end(rest.to_string()),
             None => {
@@ -93,11 +125,13 @@ impl TokenSink for ReplyStream {
     }
 }
 
-/// The text of `tokens` that no later token can change.
-fn settled(engine: &Engine, tokens: &[LlamaToken]) -> String {
+/// The text of `tokens` that no later token can change: a stop string (looked for from
+/// byte `from` on) can only cut it where it stands, and neither can the hidden tail.
+fn settled(engine: &Engine, tokens: &[LlamaToken], from: usize, stop: &[String]) -> String {
     let bytes = engine.detokenize_bytes(tokens);
     let text = complete_chars(&bytes);
-    text[..settled_len(&text)].to_string()
+    let text = &text[..unstoppable_len(&text, from, stop)];
+    text[..settled_len(text)].to_string()
 }
 
 /// The characters of `bytes` that are complete: an unfinished UTF-8 sequence at the end

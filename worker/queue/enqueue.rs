@@ -16,6 +16,9 @@ pub struct NewTurn<'a> {
     /// A retried request with the same key, in the same session, gets the first one's turn
     /// back.
     pub idempotency_key: Option<&'a str>,
+    /// The turn's own sampling (`turns.options`, checked by the SQL function); `None`:
+    /// the worker's configured sampling.
+    pub options: Option<&'a serde_json::Value>,
 }
 
 /// Enqueues through the backend's SQL function, exactly as a backend would.
@@ -33,6 +36,7 @@ pub async fn enqueue(
         character_id,
         message,
         idempotency_key,
+        options: None,
     };
     enqueue_on(pool, &turn, "live").await
 }
@@ -46,6 +50,7 @@ pub async fn enqueue_on(pool: &PgPool, turn: &NewTurn<'_>, lane: &str) -> Result
         .bind(turn.message)
         .bind(turn.idempotency_key)
         .bind(lane)
+        .bind(turn.options.map(sqlx::types::Json))
         .fetch_one(pool)
         .await?;
     Ok(TurnId(id))
@@ -101,6 +106,7 @@ pub async fn enqueue_repeatable(
         .bind(turn.message)
         .bind(None::<&str>)
         .bind("live")
+        .bind(turn.options.map(sqlx::types::Json))
         .fetch_one(&mut *tx)
         .await?;
     sqlx::query(include_str!("../../sql/queue/request_hash.sql"))

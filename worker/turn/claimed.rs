@@ -36,6 +36,8 @@ pub struct ClaimedTurn {
     pub user_id: String,
     pub character_id: i64,
     pub message: String,
+    /// The turn's own sampling (`turns.options`); `None`: as configured.
+    pub options: Option<serde_json::Value>,
     pub lane: String,
     pub attempt: i32,
     pub max_attempts: i32,

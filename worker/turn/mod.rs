@@ -4,11 +4,13 @@
 
 mod claimed;
 pub mod log;
+mod options;
 
 use crate::engine::EngineError;
 use crate::snapshot::Segment;
 pub use claimed::{ClaimedTurn, TurnId, TurnState};
 use log::KvLog;
+pub use options::TurnOptions;
 
 /// The source of a turn failure, kept so the cause chain survives classification.
 pub type Source = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -2,7 +2,7 @@
 //! starts from, how step 1 went, the prompt the reply was conditioned on, and the run.
 
 use crate::context::digest;
-use crate::engine::GenStats;
+use crate::engine::{GenStats, Sampling};
 use crate::pipeline::history;
 use crate::pipeline::recall::{ContextBlock, RecallItem};
 use crate::snapshot::{self, Snapshot};
@@ -29,7 +29,10 @@ pub struct TurnJob {
     /// model continues from it. Empty for an ordinary turn.
     pub reply_prefix: String,
     pub tail: u32,
+    /// The reply's token budget: the request's `max_tokens`, within REPLY_MAX_TOKENS.
     pub reply_max: u32,
+    /// The reply's own sampling and stop strings (the request's, over the configured).
+    pub sampling: Sampling,
     pub export: bool,
     /// Where the reply streams while it is generated; `None`: it is not streamed.
     pub stream: Option<stream::Target>,
@@ -80,7 +83,7 @@ pub struct TurnRun {
     pub s_tokens: u32,
     pub u_tokens: u32,
     pub r_tokens: u32,
-    /// Whether the model ended the reply or `reply_max` cut it off.
+    /// Whether the model ended the reply (or a stop string did) or `reply_max` cut it off.
     pub finish: FinishReason,
     /// The context block, when injected: its tokens.
     pub c_tokens: u32,

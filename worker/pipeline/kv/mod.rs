@@ -54,7 +54,9 @@ pub fn run_in_context(
     // 4. Generate, after the worker-written start of the reply when there is one, each
     // token streamed as it comes.
     let mut reply = prepared.open_stream(engine, prompt);
-    let generated = session.generate_into(prepared.job.reply_max, abort, &mut stats, &mut reply)?;
+    let job = &prepared.job;
+    let generated =
+        session.generate_into(&job.sampling, job.reply_max, abort, &mut stats, &mut reply)?;
     stats.ttft_ms += started.elapsed().as_millis() as u64 - stats.generate_ms;
     finish(engine, &mut session, prepared, generated, prompt, stats)
 }
@@ -165,6 +167,7 @@ pub fn run_batch(
                     held: session.len(),
                     pending,
                     max: prepared.job.reply_max,
+                    sampling: prepared.job.sampling.clone(),
                     abort: turn.abort,
                 });
                 held.push(Held {

@@ -38,8 +38,10 @@ impl Prepared {
     /// first delta's `meta`, which the HTTP relay's first chunk carries.
     pub(super) fn open_stream(&self, engine: &Engine, prompt: Prompt) -> ReplyStream {
         let mut reply = ReplyStream::new(
+            engine,
             self.job.stream.as_ref().map(stream::Target::open),
             &self.blocks.prefix,
+            &self.job.sampling.stop,
         );
         reply.start(
             engine,

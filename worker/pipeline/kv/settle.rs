@@ -37,18 +37,21 @@ pub(super) fn finish(
         recall_in_kv,
         ..
     } = prepared;
-    // Both generation loops (alone and batched) stop at `reply_max` tokens or at an
-    // end-of-generation token, which is never kept: a full budget is a cut-off reply.
-    let finish = if generated.len() as u32 >= job.reply_max {
+    // Both generation loops (alone and batched) stop at `reply_max` tokens, at an
+    // end-of-generation token, which is never kept, or once the reply holds a stop string,
+    // which is cut off with what follows it: a full budget without a stop string is a
+    // cut-off reply.
+    let reply = [&blocks.prefix[..], &generated[..]].concat();
+    let (hidden, stopped) = reply_split(engine, &reply, blocks.prefix.len(), &job.sampling.stop);
+    let finish = if !stopped && generated.len() as u32 >= job.reply_max {
         FinishReason::Length
     } else {
         FinishReason::Stop
     };
-    let reply = [&blocks.prefix[..], &generated[..]].concat();
-    // A hidden memory-line tail leaves the reply, and the KV keeps the reply as stored
-    // (the same text the stream's last delta completed).
-    let hidden = reply_split(engine, &reply);
-    let stored = if hidden.stripped {
+    // A hidden memory-line tail or a stop string leaves the reply, and the KV keeps the
+    // reply as stored (the same text the stream's last delta completed): the settle below
+    // decodes the exchange again from these tokens.
+    let stored = if hidden.stripped || stopped {
         engine.tokenize_plain(&hidden.reply)
     } else {
         reply.clone()
