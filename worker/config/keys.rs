@@ -82,6 +82,7 @@ pub const FLAT_KEYS: &[(&str, &str)] = &[
     ("http_max_in_flight", "http.max_in_flight"),
     ("http_max_timeout_ms", "http.max_timeout_ms"),
     ("http_retry_window_ms", "http.retry_window_ms"),
+    ("http_conversation_header", "http.conversation_header"),
     ("log_format", "log.format"),
     ("log_level", "log.level"),
     ("memory_embed_model_path", "memory.embed_model_path"),

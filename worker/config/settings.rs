@@ -171,10 +171,19 @@ pub struct HttpSettings {
     /// `Idempotency-Key` may still be a retry of it (docs/http-api.md#retries).
     #[serde(default = "default_retry_window_ms")]
     pub retry_window_ms: u64,
+    /// The request header a front-end names its conversation with (a chat id); with it,
+    /// a chat request without `session_id` goes to that conversation's session instead of
+    /// the one its history matches. Empty: no such header (docs/http-api.md#front-ends).
+    #[serde(default = "default_conversation_header")]
+    pub conversation_header: String,
 }
 
 fn default_retry_window_ms() -> u64 {
     120_000
+}
+
+fn default_conversation_header() -> String {
+    "x-conversation-id".into()
 }
 
 /// `[log]`: the log lines' format and filter.

@@ -80,6 +80,7 @@ const CASES: &[(&str, &str, Read)] = &[
     ("http_max_in_flight", "17", |s| json!(s.http.max_in_flight)),
     ("http_max_timeout_ms", "600009", |s| json!(s.http.max_timeout_ms)),
     ("http_retry_window_ms", "120010", |s| json!(s.http.retry_window_ms)),
+    ("http_conversation_header", "\"x-chat-id\"", |s| json!(s.http.conversation_header)),
     ("log_format", "\"json\"", |s| json!(s.log.format)),
     ("log_level", "\"debug\"", |s| json!(s.log.level)),
     ("memory_embed_model_path", "\"/m/embed.gguf\"", |s| json!(s.memory.embed_model_path)),
