@@ -11,6 +11,7 @@ mod engine;
 mod erase;
 mod extract;
 mod fencing;
+mod frontend;
 mod process;
 mod retry;
 mod summary;
