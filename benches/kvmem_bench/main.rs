@@ -7,13 +7,15 @@
 //! `ops/bench`.
 //!
 //! `cargo bench --bench kvmem_bench -- [warm-cold] [snapshot-io] [digest] [digest-load] [queue] [growth] [recall] [batch] [stream]`
-//! and, on demand, `warm-cold-q4_0`: the warm-cold suite on SmolLM2 re-quantized to Q4_0.
+//! and, on demand, `warm-cold-q4_0`: the warm-cold suite on SmolLM2 re-quantized to Q4_0,
+//! `soak`, and `frontend`: requests matched by their history (warm share, match latency).
 
 #[path = "../batching/mod.rs"]
 mod batching;
 #[path = "../common/mod.rs"]
 mod common;
 mod digest;
+mod frontend;
 mod queue;
 mod recall;
 mod soak;
@@ -101,6 +103,7 @@ async fn main() -> Result<()> {
             "batch" => batching::batching(&env.smollm2, env.quick)?,
             "stream" => streaming::streaming(&env.base_url, &env.smollm2, env.quick).await?,
             "soak" => soak::soak(&env).await?,
+            "frontend" => frontend::frontend(&env).await?,
             other => anyhow::bail!("unknown suite {other}; suites: {all:?}"),
         };
         let path = env.results.join(format!("{suite}.json"));

@@ -12,6 +12,7 @@ mod engine;
 mod erase;
 mod extract;
 mod fencing;
+mod frontend;
 mod process;
 mod retry;
 mod sampling;

@@ -151,7 +151,7 @@ async fn chat_completions_and_its_errors(pool: PgPool) {
                 .post(&url)
                 .json(&json!({"messages": [{"role": "user", "content": "hi"}]})),
             400,
-            "missing session id",
+            "missing user id",
         ),
         (
             client.post(&url).json(

@@ -6,6 +6,7 @@
 mod common;
 
 mod chaos;
+mod conversations;
 mod erase;
 mod interfaces;
 mod object_store;

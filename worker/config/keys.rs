@@ -84,6 +84,7 @@ pub const FLAT_KEYS: &[(&str, &str)] = &[
     ("http_retry_window_ms", "http.retry_window_ms"),
     ("http_user_header", "http.user_header"),
     ("http_system_message", "http.system_message"),
+    ("http_conversation_header", "http.conversation_header"),
     ("log_format", "log.format"),
     ("log_level", "log.level"),
     ("memory_embed_model_path", "memory.embed_model_path"),

@@ -178,6 +178,11 @@ pub struct HttpSettings {
     /// A chat request's system message: ignored, or taken as the character's persona.
     #[serde(default)]
     pub system_message: SystemMessage,
+    /// The request header a front-end names its conversation with (a chat id); with it,
+    /// a chat request without `session_id` goes to that conversation's session instead of
+    /// the one its history matches. Empty: no such header (docs/http-api.md#front-ends).
+    #[serde(default = "default_conversation_header")]
+    pub conversation_header: String,
 }
 
 fn default_retry_window_ms() -> u64 {
@@ -186,6 +191,10 @@ fn default_retry_window_ms() -> u64 {
 
 fn default_user_header() -> String {
     "x-user-id".to_string()
+}
+
+fn default_conversation_header() -> String {
+    "x-conversation-id".into()
 }
 
 /// `[log]`: the log lines' format and filter.

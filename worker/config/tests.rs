@@ -82,6 +82,7 @@ const CASES: &[(&str, &str, Read)] = &[
     ("http_retry_window_ms", "120010", |s| json!(s.http.retry_window_ms)),
     ("http_user_header", "\"x-openwebui-user-id\"", |s| json!(s.http.user_header)),
     ("http_system_message", "\"persona\"", |s| json!(s.http.system_message)),
+    ("http_conversation_header", "\"x-chat-id\"", |s| json!(s.http.conversation_header)),
     ("log_format", "\"json\"", |s| json!(s.log.format)),
     ("log_level", "\"debug\"", |s| json!(s.log.level)),
     ("memory_embed_model_path", "\"/m/embed.gguf\"", |s| json!(s.memory.embed_model_path)),

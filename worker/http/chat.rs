@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -16,9 +16,10 @@ use sqlx::PgPool;
 use tokio::sync::broadcast;
 
 use crate::config::SystemMessage;
-use crate::queue::{self, NewTurn, Repeat, TurnId};
+use crate::queue::{self, Conversation, NewTurn, Repeat, TurnId};
 
 use super::answer::{delivered, fingerprint, OwnedTurnRow};
+use super::conversation::{self as conv, Dialogue};
 use super::error::ApiError;
 use super::state::{header, AppState};
 
@@ -56,10 +57,13 @@ struct ChatMessage {
 
 /// What a chat request asks for, read from its body and headers.
 struct Asked {
-    session: String,
+    /// The session the request names (`session_id`, `X-Session-Id`), if any.
+    session: Option<String>,
+    /// The conversation a header names (`http.conversation_header`), if any.
+    conversation: Option<String>,
     user: String,
     character: i64,
-    message: String,
+    dialogue: Dialogue,
     model: Option<String>,
     timeout: Duration,
     key: Option<String>,
@@ -69,9 +73,10 @@ struct Asked {
     fields: super::fields::Fields,
 }
 
-/// `POST /v1/chat/completions`. kvmem keeps the dialogue itself, so only the last user
-/// message is taken; earlier messages in the request are ignored. A retry of a request is
-/// the turn its first attempt queued ([`enqueue`]).
+/// `POST /v1/chat/completions`. kvmem keeps the dialogue itself: a request that names its
+/// session sends its last user message, and earlier messages are ignored; one that does not
+/// is queued in the session its history matches ([`conv`]). A retry of a request is the
+/// turn its first attempt queued ([`enqueue`]). The session is named in `x-kvmem-session`.
 pub(super) async fn chat(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -85,20 +90,30 @@ pub(super) async fn chat(
     }
     // Subscribe before enqueueing, so a fast completion cannot slip past us.
     let mut done = state.done.subscribe();
-    let id = enqueue(&state, &asked, &headers, &body).await?;
+    let (id, session, how) = enqueue(&state, &asked, &headers, &body).await?;
     state.fault("queued")?;
-    if asked.stream {
+    let mut response = if asked.stream {
         let reply = super::sse::Reply {
             id,
             user: asked.user,
             model: asked.model,
             include_usage: asked.include_usage,
         };
-        return super::sse::stream(state, reply, asked.timeout).await;
+        super::sse::stream(state, reply, asked.timeout).await?
+    } else {
+        wait_done(&state.pool, &mut done, id, asked.timeout).await?;
+        state.fault("done")?;
+        respond(&state, id, &asked.user, asked.model).await?
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&session) {
+        h.insert(HeaderName::from_static("x-kvmem-session"), v);
     }
-    wait_done(&state.pool, &mut done, id, asked.timeout).await?;
-    state.fault("done")?;
-    respond(&state, id, &asked.user, asked.model).await
+    h.insert(
+        HeaderName::from_static("x-kvmem-conversation"),
+        HeaderValue::from_static(how),
+    );
+    Ok(response)
 }
 
 async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Asked, ApiError> {
@@ -107,12 +122,7 @@ async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Aske
     let req: ChatRequest = serde_json::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("invalid request JSON: {e}")))?;
     let fields = super::fields::read(&serde_json::from_str(text).unwrap_or_default())?;
-    let session = req
-        .session_id
-        .or_else(|| header(headers, "x-session-id"))
-        .ok_or_else(|| {
-            ApiError::bad_request("missing session id (body `session_id` or header X-Session-Id)")
-        })?;
+    let session = req.session_id.or_else(|| header(headers, "x-session-id"));
     let user_header = &state.settings.http.user_header;
     let user = req
         .user
@@ -136,21 +146,13 @@ async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Aske
                 )),
             },
         };
-    let last = req
-        .messages
-        .iter()
-        .rev()
-        .find(|m| m.role == "user")
-        .ok_or_else(|| ApiError::bad_request("no user message in `messages`"))?;
-    let message = last
-        .content
-        .as_str()
-        .ok_or_else(|| ApiError::bad_request("message content must be a string"))?;
+    let dialogue = conv::read(req.messages.iter().map(|m| (m.role.as_str(), &m.content)))?;
     Ok(Asked {
         session,
+        conversation: conv::conversation_name(state, headers),
         user,
         character,
-        message: message.to_string(),
+        dialogue,
         model: req.model,
         timeout: timeout(state, headers)?,
         key: header(headers, "idempotency-key"),
@@ -174,55 +176,98 @@ fn timeout(state: &AppState, headers: &HeaderMap) -> Result<Duration, ApiError> 
     Ok(Duration::from_millis(ms))
 }
 
-/// Queues the request's turn, or finds the one it repeats. With an `Idempotency-Key` the
-/// key decides, as in `kvmem_enqueue_turn`. Without one, the OpenAI SDKs' retries (408,
-/// 409, 429 and 5xx, twice by default) would each queue the message again: a request
-/// with the same user, session, character and body as the one that queued the session's
-/// latest turn is that turn while it is queued or running, and for
-/// `http.retry_window_ms` after it ended when the client says it retries
+/// Queues the request's turn, or finds the one it repeats; returns it with its session and
+/// how the session was found (`x-kvmem-conversation`). A request that names no session goes
+/// to the one a conversation header names, or else to the one its history matches
+/// ([`conv`]). With an `Idempotency-Key` the key decides, as in `kvmem_enqueue_turn`.
+/// Without one, the OpenAI SDKs' retries (408, 409, 429 and 5xx, twice by default) would
+/// each queue the message again: a request with the same user, session, character and body
+/// as the one that queued the session's latest turn is that turn while it is queued or
+/// running, and for `http.retry_window_ms` after it ended when the client says it retries
 /// (`x-stainless-retry-count` above 0) or the turn's answer was never delivered.
 async fn enqueue(
     state: &AppState,
     asked: &Asked,
     headers: &HeaderMap,
     body: &[u8],
-) -> Result<TurnId, ApiError> {
+) -> Result<(TurnId, String, &'static str), ApiError> {
+    let (retry, window_ms) = (is_retry(headers), state.settings.http.retry_window_ms);
+    let (session, how) = match (&asked.session, &asked.conversation) {
+        (Some(s), _) => (s.clone(), "session"),
+        (None, Some(name)) => (
+            conv::named_session(&asked.user, asked.character, name),
+            "named",
+        ),
+        (None, None) => {
+            // Not bound to a session: a repeat is found among the user's turns by its body.
+            let hash = request_hash(asked, "", body);
+            let repeat = Repeat {
+                hash: &hash,
+                retry,
+                window_ms,
+            };
+            let c = Conversation {
+                user_id: &asked.user,
+                character_id: asked.character,
+                message: &asked.dialogue.message,
+                history: &asked.dialogue.history,
+                idempotency_key: asked.key.as_deref(),
+                options: asked.fields.options.as_ref(),
+            };
+            let placed = conv::enqueue_matched(state, &c, repeat).await?;
+            return Ok((placed.turn, placed.session_id, conv::how(&placed.found)));
+        }
+    };
+    let named = asked.session.is_none();
     let turn = NewTurn {
-        session_id: &asked.session,
+        session_id: &session,
         user_id: &asked.user,
         character_id: asked.character,
-        message: &asked.message,
+        message: if named {
+            &asked.dialogue.message
+        } else {
+            &asked.dialogue.last
+        },
         idempotency_key: asked.key.as_deref(),
         options: asked.fields.options.as_ref(),
     };
-    if asked.key.is_some() {
-        return Ok(queue::enqueue_on(&state.pool, &turn, "live").await?);
+    if asked.key.is_some() && !named {
+        return Ok((
+            queue::enqueue_on(&state.pool, &turn, "live").await?,
+            session,
+            how,
+        ));
     }
-    let hash = request_hash(asked, body);
+    let hash = request_hash(asked, &session, body);
     let repeat = Repeat {
         hash: &hash,
-        retry: is_retry(headers),
-        window_ms: state.settings.http.retry_window_ms,
+        retry,
+        window_ms,
     };
-    let (id, again) = queue::enqueue_repeatable(&state.pool, &turn, repeat).await?;
+    let (id, again) = if named {
+        queue::enqueue_named(&state.pool, &turn, &asked.dialogue.history, repeat).await?
+    } else {
+        queue::enqueue_repeatable(&state.pool, &turn, repeat).await?
+    };
     if again {
         tracing::info!(
             turn_id = id.0,
-            retry = repeat.retry,
+            retry,
             "a repeated chat request joins its turn"
         );
     }
-    Ok(id)
+    Ok((id, session, how))
 }
 
-/// The request's identity: who asks, where, and the exact body. Each part is
-/// length-prefixed, so no two different requests hash alike by shifting text between parts.
-fn request_hash(asked: &Asked, body: &[u8]) -> String {
+/// The request's identity: who asks, where (empty when it names no session), and the exact
+/// body. Each part is length-prefixed, so no two different requests hash alike by shifting
+/// text between parts.
+fn request_hash(asked: &Asked, session: &str, body: &[u8]) -> String {
     let mut h = Sha256::new();
     let character = asked.character.to_string();
     for part in [
         asked.user.as_bytes(),
-        asked.session.as_bytes(),
+        session.as_bytes(),
         character.as_bytes(),
         body,
     ] {

@@ -24,6 +24,7 @@ use crate::queue;
 
 mod answer;
 mod chat;
+mod conversation;
 mod erase;
 mod error;
 mod fields;

@@ -2,6 +2,7 @@
 //! holds, the error an attempt ends in, and the log line it writes. Nothing here talks
 //! to Postgres or llama.cpp, so the queue, the pipeline and the runner all build on it.
 
+pub mod chain;
 mod claimed;
 pub mod log;
 mod options;

@@ -1,0 +1,3 @@
+-- Whether the character is the user's (a foreign one is reported like a missing one).
+-- $1 character, $2 user.
+SELECT EXISTS (SELECT 1 FROM user_characters WHERE id = $1 AND user_id = $2)
