@@ -11,6 +11,9 @@ mod engine;
 mod erase;
 mod extract;
 mod fencing;
+// llama.cpp's Vulkan backend on lavapipe: built and run by ops/test-gpu only.
+#[cfg(feature = "vulkan")]
+mod gpu;
 mod process;
 mod retry;
 mod summary;
