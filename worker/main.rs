@@ -254,10 +254,10 @@ async fn in_process_worker(
     pool: &sqlx::PgPool,
     generator: GeneratorKind,
     shutdown: &CancellationToken,
-) -> Result<(Option<WorkerTask>, SnapshotStore)> {
+) -> Result<InProcess> {
     if no_worker {
         let store = system::snapshot_store(settings, &kvmem::metrics::global())?;
-        return Ok((None, store));
+        return Ok((None, store, None));
     }
     let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
     // The worker's own store, so its cache index sees what `/v1/erase` removes.
@@ -265,13 +265,22 @@ async fn in_process_worker(
         Some(store) => store.clone(),
         None => system::snapshot_store(settings, &deps.metrics)?,
     };
+    let placement = deps.generator.placement().cloned();
     Ok((
         Some(tokio::spawn(runner::run(deps, shutdown.clone()))),
         store,
+        placement,
     ))
 }
 
 type WorkerTask = tokio::task::JoinHandle<Result<(), runner::WorkerError>>;
+/// The in-process worker (none with `--no-worker`), its snapshot store, and where its
+/// model runs.
+type InProcess = (
+    Option<WorkerTask>,
+    SnapshotStore,
+    Option<kvmem::engine::Placement>,
+);
 
 async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
     let listen = args.listen;
@@ -294,7 +303,7 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         tracing::info!("stopped before the database was reachable");
         return Ok(());
     };
-    let (worker, snapshots) =
+    let (worker, snapshots, chat_placement) =
         in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
     let model_sha = match &settings.engine.model_path {
         Some(p) => kvmem::engine::file_sha256(p).unwrap_or_default(),
@@ -305,7 +314,14 @@ async fn serve(args: ServeArgs, settings: Settings) -> Result<()> {
         .with_context(|| format!("binding {listen}"))?;
     tracing::info!(%listen, "kvserver listening");
     let memory = system::memory_service(pool.clone(), &settings, true).await?;
-    let state = kvmem::http::AppState::new(pool, settings, model_sha)
+    let mut state = kvmem::http::AppState::new(pool, settings, model_sha);
+    if let Some(p) = chat_placement {
+        state = state.with_placement("chat", p);
+    }
+    if let Some(e) = &memory.embedder {
+        state = state.with_placement("embedder", e.placement.clone());
+    }
+    let state = state
         .with_memory(Arc::new(memory))
         .with_snapshots(snapshots);
     let server = kvmem::http::serve(listener, state, shutdown.clone());
@@ -349,7 +365,7 @@ async fn replay(args: ReplayArgs, settings: Settings) -> Result<()> {
         "nothing to replay: give --session or --scenes"
     );
     let shutdown = CancellationToken::new();
-    let (worker, _) =
+    let (worker, _, _) =
         in_process_worker(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
     let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();
     let timeout = Duration::from_secs(args.timeout_s);

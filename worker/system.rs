@@ -145,9 +145,33 @@ pub async fn load_model(settings: &Settings) -> Result<Arc<Engine>, SystemError>
     tracing::info!(
         model_sha = %crate::turn::short_sha(&engine.model_sha),
         model = %engine.model_path.display(),
+        backend = %engine.placement.backend,
+        device = %engine.placement.device,
+        device_description = %engine.placement.description,
+        gpu_layers = engine.placement.offloaded_layers,
+        layers = engine.placement.layers,
         "model loaded"
     );
+    no_gpu_found(
+        "engine.gpu_layers",
+        settings.engine.gpu_layers,
+        &engine.placement,
+    );
     Ok(Arc::new(engine))
+}
+
+/// Layers were asked of a GPU and none was found: the model runs on the CPU (a build
+/// without a GPU feature, or a machine without the device), which an operator should hear.
+fn no_gpu_found(setting: &str, layers: u32, placement: &crate::engine::Placement) {
+    if layers > 0 && placement.offloaded_layers == 0 {
+        tracing::warn!(
+            setting,
+            layers,
+            gpu_devices = crate::engine::device::gpu_devices().len(),
+            "GPU layers asked for, but llama.cpp lists no GPU device (a build without \
+             --features vulkan or cuda, or no device); the model runs on the CPU"
+        );
+    }
 }
 
 /// The worker's dependencies: `model` behind the generator, counted in `metrics`.
@@ -270,16 +294,27 @@ pub async fn memory_service_loading(pool: PgPool, config: MemoryConfig) -> Memor
         Some(path) => {
             // The first load hashes and maps the whole file (a second or more for e5): off
             // the async threads, so a turn's lease heartbeat keeps beating meanwhile.
-            let (path, n_threads) = (path.clone(), config.n_threads);
-            let loaded = tokio::task::spawn_blocking(move || Embedder::shared(&path, n_threads))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(crate::memory::embed::EmbedError::Llama(format!(
-                        "embedder load panicked: {e}"
-                    )))
-                });
+            let (path, n_threads, gpu) = (path.clone(), config.n_threads, config.embed_gpu);
+            let loaded =
+                tokio::task::spawn_blocking(move || Embedder::shared_on(&path, n_threads, gpu))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(crate::memory::embed::EmbedError::Llama(format!(
+                            "embedder load panicked: {e}"
+                        )))
+                    });
             match loaded {
-                Ok(e) => Some(e),
+                Ok(e) => {
+                    tracing::info!(embedder = %e.name, backend = %e.placement.backend,
+                        device = %e.placement.device, gpu_layers = e.placement.offloaded_layers,
+                        "embedder loaded");
+                    no_gpu_found(
+                        "memory.embed_gpu_layers",
+                        config.embed_gpu.layers,
+                        &e.placement,
+                    );
+                    Some(e)
+                }
                 Err(e) => {
                     embedder_missing(&pool, &e.to_string()).await;
                     None

@@ -335,6 +335,7 @@ fn header(kv: &str, compress: bool) -> snapshot::Header {
         n_ctx: 4096,
         type_k: kv.into(),
         type_v: kv.into(),
+        kv_device: snapshot::CPU_DEVICE.into(),
         compression: if compress {
             snapshot::Compression::Zstd
         } else {

@@ -176,6 +176,7 @@ impl Base {
             n_ctx: self.n_ctx,
             type_k: field(&self.type_k),
             type_v: field(&self.type_v),
+            kv_device: field(&self.type_k),
             compression: if self.zstd {
                 Compression::Zstd
             } else {
@@ -462,6 +463,11 @@ pub fn seed_files() -> Vec<(String, Vec<u8>)> {
                     n_ctx: 4096,
                     type_k: "f16".into(),
                     type_v: if zstd { "q8_0".into() } else { "f16".into() },
+                    kv_device: if n % 2 == 0 {
+                        snapshot::CPU_DEVICE.into()
+                    } else {
+                        "Vulkan0:30/30".into()
+                    },
                     compression: if zstd {
                         Compression::Zstd
                     } else {

@@ -29,6 +29,7 @@ fn service(pool: &PgPool, path: std::path::PathBuf) -> MemoryService {
         keep_lore: 120,
         exact_search_max: 20_000,
         n_threads: 1,
+        embed_gpu: kvmem::engine::GpuChoice::CPU,
     };
     kvmem::system::memory_service_on(pool.clone(), config, Some(embedder))
 }

@@ -33,6 +33,7 @@ fn config(path: Option<PathBuf>) -> MemoryConfig {
         keep_lore: 120,
         exact_search_max: 20_000,
         n_threads: 1,
+        embed_gpu: kvmem::engine::GpuChoice::CPU,
     }
 }
 

@@ -139,17 +139,22 @@ fn together(engine: &Engine, ctxs: &mut Contexts, turns: Vec<(TurnJob, Start)>) 
 #[test]
 fn batched_turns_match_the_same_turns_run_alone() {
     let settings = settings(serde_json::json!({ "n_ctx": 1024, "kv_type": "q8_0" }));
-    let engine = load_engine(&smollm2(), &settings);
+    batched_match_alone_on(&load_engine(&smollm2(), &settings));
+}
+
+/// [`batched_turns_match_the_same_turns_run_alone`] on a loaded engine (the GPU tests load
+/// theirs on a device).
+pub(crate) fn batched_match_alone_on(engine: &Engine) {
     let sessions = sessions();
 
     let cold = |history: &Vec<Exchange>| Start::Cold(ColdSource::Text(history.clone()));
     let first_alone: Vec<_> = sessions
         .iter()
-        .map(|(job, history)| alone(&engine, job.clone(), cold(history)))
+        .map(|(job, history)| alone(engine, job.clone(), cold(history)))
         .collect();
-    let mut ctxs = contexts(&engine, sessions.len() as u32);
+    let mut ctxs = contexts(engine, sessions.len() as u32);
     let first_batched = together(
-        &engine,
+        engine,
         &mut ctxs,
         sessions
             .iter()
@@ -166,11 +171,11 @@ fn batched_turns_match_the_same_turns_run_alone() {
         .zip(&first_alone)
         .map(|(job, run)| {
             let snap = snapshot_of(run, job);
-            alone(&engine, job.clone(), Start::Snapshot(Box::new(snap)))
+            alone(engine, job.clone(), Start::Snapshot(Box::new(snap)))
         })
         .collect();
     let second_batched = together(
-        &engine,
+        engine,
         &mut ctxs,
         seconds
             .iter()
@@ -212,7 +217,7 @@ fn batched_turns_match_the_same_turns_run_alone() {
             // The batched session's KV, as its save writes it, loads alone.
             let mut one = engine.new_context().unwrap();
             let restored = KvSession::restore(
-                &engine,
+                engine,
                 &mut one,
                 b.state.as_ref().unwrap(),
                 &b.token_ids,

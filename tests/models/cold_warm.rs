@@ -155,18 +155,30 @@ fn exchanges(segments: &str) -> usize {
 /// What a run checks beyond the lossy conversation: the replay of one (`Replay::Also`) is
 /// the same code for every KV type, so one SmolLM2 run carries it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Replay {
+pub(crate) enum Replay {
     Also,
     Skip,
 }
 
 async fn cold_equals_warm(pool: PgPool, model: std::path::PathBuf, kv_type: &str, replay: Replay) {
+    cold_equals_warm_with(pool, model, kv_type, replay, json!({})).await;
+}
+
+/// [`cold_equals_warm`] with more settings over the scene's (the GPU tests' `gpu_layers`).
+/// Returns the engine the worker ran, so a caller can say where it ran.
+pub(crate) async fn cold_equals_warm_with(
+    pool: PgPool,
+    model: std::path::PathBuf,
+    kv_type: &str,
+    replay: Replay,
+    extra: serde_json::Value,
+) -> std::sync::Arc<kvmem::engine::Engine> {
     migrate(&pool).await;
     // One user per conversation: recall searches a user's own past dialogue, so a second
     // conversation of the same user would recall the first, and they would differ for
     // that reason alone.
     let dir = tempfile::tempdir().unwrap();
-    let s = scene_settings(dir.path(), kv_type);
+    let s = scene_settings(dir.path(), kv_type).with(extra).unwrap();
     let engine = load_engine(&model, &s);
     let deps = llama_deps(&pool, s.clone(), engine.clone(), "w1");
 
@@ -242,8 +254,9 @@ async fn cold_equals_warm(pool: PgPool, model: std::path::PathBuf, kv_type: &str
     }
 
     if replay == Replay::Also {
-        replay_reproduces_a_lossy_session(&pool, &deps, dir.path(), s, engine).await;
+        replay_reproduces_a_lossy_session(&pool, &deps, dir.path(), s, engine.clone()).await;
     }
+    engine
 }
 
 /// A replay of a lossy session reproduces it, and shows where the original was cold.

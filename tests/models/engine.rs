@@ -10,7 +10,7 @@ use common::*;
 use kvmem::engine::{Engine, GenStats, KvSession};
 use kvmem::snapshot::{self, Compression, Header, Limits, SegKind};
 
-fn header() -> Header {
+pub(crate) fn header() -> Header {
     Header {
         format_version: snapshot::FORMAT_VERSION,
         model_sha: String::new(),
@@ -24,6 +24,7 @@ fn header() -> Header {
         n_ctx: 0,
         type_k: "f16".into(),
         type_v: "f16".into(),
+        kv_device: snapshot::CPU_DEVICE.into(),
         compression: Compression::Zstd,
         scope: "t".into(),
         turn_id: 1,
@@ -33,7 +34,7 @@ fn header() -> Header {
 }
 
 /// One turn the way the pipeline frames it: HUD + user, generate, drop the HUD, prune, close.
-fn turn(
+pub(crate) fn turn(
     engine: &Engine,
     s: &mut KvSession,
     hud: &str,
@@ -61,9 +62,14 @@ fn turn(
 /// continued in memory against the fourth turn after a restore into a fresh context.
 fn exact_resume(model: &Path, tail: u32, reply_max: u32, kv_type: &str) {
     let settings = settings(serde_json::json!({ "n_ctx": 1024, "kv_type": kv_type }));
-    let engine = load_engine(model, &settings);
+    exact_resume_on(&load_engine(model, &settings), tail, reply_max);
+}
+
+/// [`exact_resume`] on a loaded engine (the GPU tests load theirs on a device).
+pub(crate) fn exact_resume_on(engine: &Engine, tail: u32, reply_max: u32) {
+    let kv_type = engine.params.kv_type.as_str();
     let mut ctx_a = engine.new_context().unwrap();
-    let mut a = KvSession::empty(&engine, &mut ctx_a);
+    let mut a = KvSession::empty(engine, &mut ctx_a);
     a.append(
         &engine.base_tokens("You are Ada, a pilot. Answer briefly."),
         Some(SegKind::Base),
@@ -78,7 +84,7 @@ fn exact_resume(model: &Path, tail: u32, reply_max: u32, kv_type: &str) {
     .enumerate()
     {
         turn(
-            &engine,
+            engine,
             &mut a,
             &format!("HUD: HP {}/100", 90 - i),
             msg,
@@ -94,7 +100,7 @@ fn exact_resume(model: &Path, tail: u32, reply_max: u32, kv_type: &str) {
     let snap = snapshot::decode(&file, Limits::LOOSE).unwrap();
 
     let in_memory = turn(
-        &engine,
+        engine,
         &mut a,
         "HUD: HP 80/100",
         "Tell me about the mission.",
@@ -105,7 +111,7 @@ fn exact_resume(model: &Path, tail: u32, reply_max: u32, kv_type: &str) {
 
     let mut ctx_b = engine.new_context().unwrap();
     let mut b = KvSession::restore(
-        &engine,
+        engine,
         &mut ctx_b,
         &snap.state,
         &snap.token_ids,
@@ -113,7 +119,7 @@ fn exact_resume(model: &Path, tail: u32, reply_max: u32, kv_type: &str) {
     )
     .unwrap();
     let resumed = turn(
-        &engine,
+        engine,
         &mut b,
         "HUD: HP 80/100",
         "Tell me about the mission.",

@@ -13,6 +13,9 @@ mod erase;
 mod extract;
 mod fencing;
 mod frontend;
+// llama.cpp's Vulkan backend on lavapipe: built and run by ops/test-gpu only.
+#[cfg(feature = "vulkan")]
+mod gpu;
 mod process;
 mod retry;
 mod sampling;

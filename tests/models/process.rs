@@ -99,6 +99,74 @@ async fn a_wrong_model_file_stops_the_worker_with_a_clear_error(pool: PgPool) {
     assert!(err.contains("MODEL_SHA pins"), "{err}");
 }
 
+/// `kvmem serve` says in `/v1/info` and in its start-up log where each model runs. In a
+/// build without a GPU feature, layers asked of a GPU leave the model on the CPU, with a
+/// warning that says so.
+#[sqlx::test(migrations = false)]
+async fn serve_says_which_backend_and_device_each_model_runs_on(pool: PgPool) {
+    migrate(&pool).await;
+    let url = db_url(&pool).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let mut child = kvmem_command(&url)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--generator", "llama"])
+        .env("KVMEM_MODEL_PATH", tiny_model())
+        .env("KVMEM_MEMORY_EMBED_MODEL_PATH", minilm())
+        .env("KVMEM_KV_DIR", dir.path())
+        .env("KVMEM_GPU_LAYERS", "999")
+        .env("KVMEM_LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start kvmem serve");
+    // Waiting for a process to listen is real time: poll it, within a bound.
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let info: Value = loop {
+        let r = client
+            .get(format!("http://127.0.0.1:{port}/v1/info"))
+            .send()
+            .await;
+        if let Ok(r) = r {
+            break r.json().await.unwrap();
+        }
+        assert!(Instant::now() < deadline, "serve did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = child.kill();
+    child.wait().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap();
+    let chat = &info["devices"]["chat"];
+    let embedder = &info["devices"]["embedder"];
+    // The tiny model has 2 layers and MiniLM-L6 6, each with its output layer.
+    assert_eq!(chat["layers"], 3, "{info}");
+    assert_eq!(embedder["layers"], 7, "{info}");
+    if cfg!(not(any(feature = "vulkan", feature = "cuda"))) {
+        assert_eq!(info["backend"], "CPU", "{info}");
+        assert_eq!(chat["device"], "CPU", "{info}");
+        assert_eq!(chat["offloaded_layers"], 0, "{info}");
+        assert_eq!(embedder["backend"], "CPU", "{info}");
+        assert!(
+            log.contains("GPU layers asked for, but llama.cpp lists no GPU device"),
+            "{log}"
+        );
+    }
+    let loaded = log
+        .lines()
+        .find(|l| l.contains("model loaded") && l.contains("model_sha="))
+        .unwrap_or("");
+    assert!(
+        loaded.contains(&format!("backend={}", info["backend"].as_str().unwrap())),
+        "{log}"
+    );
+}
+
 #[sqlx::test(migrations = false)]
 async fn cli_enqueue_reports_bad_input(pool: PgPool) {
     migrate(&pool).await;

@@ -67,6 +67,13 @@ pub struct EngineSettings {
     /// Repetition penalty over the reply's last `repeat_last_n` tokens (1.0 = off).
     pub repeat_penalty: f32,
     pub repeat_last_n: i32,
+    /// Layers llama.cpp puts on a GPU (0 = all on the CPU; more than the model has = all of
+    /// them, KV included). Needs a build with a GPU feature (docs/operations.md#gpu).
+    #[serde(default)]
+    pub gpu_layers: u32,
+    /// Which GPU, counted over the GPU devices llama.cpp lists (0 = the first).
+    #[serde(default)]
+    pub main_gpu: u32,
 }
 
 /// `[snapshot]`: where the KV snapshots live and how they are written.
@@ -211,6 +218,9 @@ pub struct MemorySettings {
     /// option); missing = lexical-only memory.
     #[serde(default = "default_embed_model")]
     pub embed_model_path: Option<PathBuf>,
+    /// Layers of the embedding model on the GPU `engine.main_gpu` (0 = the CPU).
+    #[serde(default)]
+    pub embed_gpu_layers: u32,
     #[serde(default)]
     pub ranker: MemoryRanker,
     /// Llama workers run memory-lane jobs (embedding, extraction, remember/forget) while

@@ -3,6 +3,7 @@
 //! so pruning, ephemeral spans and snapshots stay exact.
 
 pub mod batch;
+pub mod device;
 mod error;
 mod frame;
 pub mod generate;
@@ -12,6 +13,7 @@ mod sampling;
 mod session;
 pub mod threads;
 
+pub use device::{GpuChoice, Placement};
 pub use error::{EngineError, Result};
 pub use frame::{Block, ChatFrame};
 pub use generate::{Busy, GenerateError};

@@ -9,7 +9,6 @@ use llama_cpp_2::context::params::{KvCacheType, LlamaContextParams};
 use llama_cpp_2::context::session::LlamaStateSeqFlags;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
@@ -17,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{KvType, Settings};
 
+use super::device::{place, GpuChoice, Placement};
 use super::error::{EngineError, Result};
 use super::frame::{Block, ChatFrame};
 use super::sampling::Sampling;
@@ -54,6 +54,8 @@ pub struct EngineParams {
     pub seed: u32,
     pub repeat_penalty: f32,
     pub repeat_last_n: i32,
+    /// Layers on a GPU and which one (`engine.gpu_layers`, `engine.main_gpu`).
+    pub gpu: GpuChoice,
 }
 
 impl EngineParams {
@@ -74,6 +76,10 @@ impl EngineParams {
             seed: e.sampling_seed,
             repeat_penalty: e.repeat_penalty,
             repeat_last_n: e.repeat_last_n,
+            gpu: GpuChoice {
+                layers: e.gpu_layers,
+                main_gpu: e.main_gpu,
+            },
         }
     }
 }
@@ -85,6 +91,8 @@ pub struct Engine {
     pub model_path: PathBuf,
     pub params: EngineParams,
     pub frame: ChatFrame,
+    /// The backend and device the model's layers and KV are on.
+    pub placement: Placement,
 }
 
 /// The process-wide llama.cpp backend (also used by the memory embedder).
@@ -142,7 +150,8 @@ impl Engine {
             return Err(model_err("not a GGUF file (bad magic)".into()));
         }
         let backend = backend()?;
-        let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
+        let (model_params, placement) = place(params.gpu)?;
+        let model = LlamaModel::load_from_file(backend, path, &model_params)
             .map_err(|e| model_err(format!("llama.cpp could not load it: {e}")))?;
         // Loaded once per process and used by every engine thread until exit.
         let model: &'static LlamaModel = Box::leak(Box::new(model));
@@ -151,6 +160,7 @@ impl Engine {
             model,
             model_sha: sha,
             model_path: path.to_path_buf(),
+            placement: placement.with_layers(model.n_layer(), params.gpu.layers),
             params,
             frame,
         })

@@ -20,6 +20,18 @@ pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiE
     let mut config = crate::config::keys::flat_json(&nested);
     // The URL may carry a password.
     config.remove("database_url");
+    let devices: serde_json::Map<String, Value> = state
+        .placements
+        .iter()
+        .map(|(role, p)| (role.to_string(), json!(p)))
+        .collect();
+    // The chat model's backend, else the first model's; "none" when none is loaded here.
+    let backend = state
+        .placements
+        .iter()
+        .find(|(role, _)| *role == "chat")
+        .or(state.placements.first())
+        .map_or("none", |(_, p)| p.backend.as_str());
     Ok(Json(json!({
         "service": "kvmem",
         "version": env!("CARGO_PKG_VERSION"),
@@ -30,6 +42,8 @@ pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiE
         "kv_type_k": s.engine.kv_type.as_str(),
         "kv_type_v": s.engine.kv_type.as_str(),
         "bpt": bpt,
+        "backend": backend,
+        "devices": devices,
         "config": config,
     }))
     .into_response())

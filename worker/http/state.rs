@@ -24,6 +24,8 @@ pub struct AppState {
     /// The snapshot store `/v1/erase` empties (503 there without it): the in-process
     /// worker's own, so its cache index sees the removals.
     pub snapshots: Option<crate::snapshot::SnapshotStore>,
+    /// Where each model this process loaded runs (`chat`, `embedder`), for `/v1/info`.
+    pub placements: Vec<(&'static str, crate::engine::Placement)>,
     pub(super) done: broadcast::Sender<i64>,
     /// The LISTEN connection streamed replies are followed through.
     pub(super) hub: crate::stream::Hub,
@@ -42,6 +44,7 @@ impl AppState {
             metrics: crate::metrics::global(),
             memory: None,
             snapshots: None,
+            placements: Vec::new(),
             done,
             faults: Arc::new(crate::faults::HttpFaults::from_env()),
         }
@@ -50,6 +53,16 @@ impl AppState {
     /// Serves `/v1/memory/*` from this memory service.
     pub fn with_memory(mut self, memory: Arc<crate::memory::MemoryService>) -> AppState {
         self.memory = Some(memory);
+        self
+    }
+
+    /// Names where the model loaded as `role` runs in `/v1/info`.
+    pub fn with_placement(
+        mut self,
+        role: &'static str,
+        placement: crate::engine::Placement,
+    ) -> AppState {
+        self.placements.push((role, placement));
         self
     }
 

@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use llama_cpp_2::context::params::{LlamaContextParams, LlamaPoolingType};
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 use sha2::{Digest, Sha256};
+
+use crate::engine::device::{place, GpuChoice, Placement};
 
 /// Tokens per encode call: every sequence of a non-causal batch must fit one ubatch. Not
 /// more: llama.cpp computes attention over the whole ubatch and masks across sequences,
@@ -94,6 +95,8 @@ pub struct Embedder {
     window: usize,
     /// The cosine from which a text is taken to be about a query (the GGUF key `kvmem.embed.related_cosine`).
     pub related_cosine: f64,
+    /// The backend and device the model runs on.
+    pub placement: Placement,
 }
 
 /// The models this process has loaded, by file: llama.cpp models are leaked (they live as
@@ -121,18 +124,29 @@ impl Embedder {
     /// The process's one copy of the model at `path`, loaded on first use. The lock is
     /// held through the load so two services starting together load it once.
     pub fn shared(path: &Path, n_threads: i32) -> Result<Arc<Embedder>> {
+        Self::shared_on(path, n_threads, GpuChoice::CPU)
+    }
+
+    /// [`Embedder::shared`] with `gpu`'s layers on a GPU, for the first load (the one copy
+    /// stays where that load put it).
+    pub fn shared_on(path: &Path, n_threads: i32, gpu: GpuChoice) -> Result<Arc<Embedder>> {
         let mut map = loaded()
             .lock()
             .map_err(|_| EmbedError::Llama("embedder registry poisoned by a panic".into()))?;
         if let Some(e) = map.get(path) {
             return Ok(e.clone());
         }
-        let e = Arc::new(Embedder::load(path, n_threads)?);
+        let e = Arc::new(Embedder::load_on(path, n_threads, gpu)?);
         map.insert(path.to_path_buf(), e.clone());
         Ok(e)
     }
 
     pub fn load(path: &Path, n_threads: i32) -> Result<Embedder> {
+        Self::load_on(path, n_threads, GpuChoice::CPU)
+    }
+
+    /// A copy of the model at `path` with `gpu`'s layers on a GPU.
+    pub fn load_on(path: &Path, n_threads: i32, gpu: GpuChoice) -> Result<Embedder> {
         if let Ok(mut c) = load_counts().lock() {
             *c.entry(path.to_path_buf()).or_default() += 1;
         }
@@ -145,7 +159,8 @@ impl Embedder {
         }
         let id = file_id(path).map_err(|e| err(format!("reading it for its sha256: {e}")))?;
         let backend = crate::engine::backend().map_err(|e| err(e.to_string()))?;
-        let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default())
+        let (params, placement) = place(gpu).map_err(|e| err(e.to_string()))?;
+        let model = LlamaModel::load_from_file(backend, path, &params)
             .map_err(|e| err(format!("llama.cpp could not load it: {e}")))?;
         // Loaded once per process, like the chat model.
         let model: &'static LlamaModel = Box::leak(Box::new(model));
@@ -185,6 +200,7 @@ impl Embedder {
             query_prefix: meta(QUERY_PREFIX_KEY).unwrap_or_default(),
             passage_prefix: meta(PASSAGE_PREFIX_KEY).unwrap_or_default(),
             window,
+            placement: placement.with_layers(model.n_layer(), gpu.layers),
             related_cosine: meta(RELATED_COSINE_KEY)
                 .and_then(|c| c.trim().parse::<f64>().ok())
                 .filter(|c| c.is_finite())

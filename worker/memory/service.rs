@@ -14,6 +14,7 @@ use super::extractor::Extractor;
 use super::ranker::RankerKind;
 use super::store;
 use crate::config::Settings;
+use crate::engine::GpuChoice;
 
 /// Memory settings, from [`Settings`].
 #[derive(Debug, Clone)]
@@ -24,6 +25,8 @@ pub struct MemoryConfig {
     pub keep_lore: i64,
     pub exact_search_max: i64,
     pub n_threads: i32,
+    /// The embedder's layers on a GPU (`memory.embed_gpu_layers` on `engine.main_gpu`).
+    pub embed_gpu: GpuChoice,
 }
 
 impl MemoryConfig {
@@ -39,6 +42,10 @@ impl MemoryConfig {
                 cores
             } else {
                 s.engine.n_threads as i32
+            },
+            embed_gpu: GpuChoice {
+                layers: s.memory.embed_gpu_layers,
+                main_gpu: s.engine.main_gpu,
             },
         })
     }

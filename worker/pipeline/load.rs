@@ -181,6 +181,12 @@ async fn check_snapshot(
         info!(%reason, "snapshot is not current; cold start");
         return (None, Some(reason));
     }
+    if snap.header.kv_device != cx.engine.placement.kv_device {
+        // Same layout on every device (docs/operations.md#snapshots-across-devices): it
+        // loads, and the reply goes on from the other device's numbers.
+        info!(made_on = %snap.header.kv_device, here = %cx.engine.placement.kv_device,
+            "snapshot made on another device; resuming from it");
+    }
     (Some(snap), None)
 }
 

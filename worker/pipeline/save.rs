@@ -56,6 +56,7 @@ async fn save(cx: &TurnCtx<'_>, run: &TurnRun, abort: &AtomicBool) -> bool {
     let (s, turn) = (cx.settings, cx.turn);
     let mut header = Header::new(&cx.engine.model_sha, LLAMA_BUILD, cx.scope)
         .with_kv(s.engine.n_ctx, s.engine.kv_type.as_str())
+        .with_kv_device(&cx.engine.placement.kv_device)
         .with_turn(turn.id.0, turn.fencing_token)
         .with_digest(&run.kv_digest_version)
         .with_segments(run.segments.clone())

@@ -148,6 +148,14 @@ impl Generator {
         }
     }
 
+    /// Where the chat model runs, if this generator has one.
+    pub fn placement(&self) -> Option<&crate::engine::Placement> {
+        match self {
+            Generator::Llama(pipeline) => Some(&pipeline.engines.engine().placement),
+            Generator::Echo { .. } => None,
+        }
+    }
+
     /// The snapshot store the turns use, if this generator writes snapshots.
     pub fn snapshots(&self) -> Option<&crate::snapshot::SnapshotStore> {
         match self {

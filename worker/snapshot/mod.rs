@@ -12,6 +12,6 @@ pub mod store;
 pub use files::{scope_key, FileStore, Loaded};
 pub use format::{
     decode, encode, parse_header, parse_segments, render_segments, Compression, Header, Limits,
-    SegKind, Segment, Snapshot, SnapshotError, FORMAT_VERSION, MAGIC,
+    SegKind, Segment, Snapshot, SnapshotError, CPU_DEVICE, FORMAT_VERSION, MAGIC,
 };
 pub use store::{CacheCounters, QuarantineSwept, RemoteConfig, ScopeErased, SnapshotStore, Source};

@@ -25,7 +25,7 @@ pub use parse::{decode, parse_header, parse_segments};
 pub use render::{encode, render_segments};
 
 pub use types::{
-    valid_tag, Compression, Header, Limits, SegKind, Segment, Snapshot, SnapshotError,
+    valid_tag, Compression, Header, Limits, SegKind, Segment, Snapshot, SnapshotError, CPU_DEVICE,
     FORMAT_VERSION, MAGIC, MAX_HEADER_BYTES,
 };
 
@@ -110,6 +110,26 @@ pub(crate) mod tests {
             matches!(err, SnapshotError::Limit { field: "bytes", .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kv_device_round_trips_and_older_files_read_as_cpu() {
+        let mut h = header().with_kv_device("Vulkan0:30/30");
+        let mut f = encode(&mut h, &[1, 2, 3, 4, 5], &[9u8; 40]).unwrap();
+        let snap = decode(&f, Limits::LOOSE).unwrap();
+        assert_eq!(snap.header.kv_device, "Vulkan0:30/30");
+        // A file from before the key: the same header without its line, CRC made anew.
+        let s = String::from_utf8_lossy(&f).to_string();
+        let end = s.find("\n\n").unwrap() + 2;
+        let head = s[..end].replace("kv_device=Vulkan0:30/30\n", "");
+        assert_ne!(head.len(), end, "the line was there");
+        let crc_at = head.rfind("header_crc32c=").unwrap();
+        let crc = crc32c::crc32c(&head.as_bytes()[..crc_at]);
+        let mut old = format!("{}header_crc32c={crc}\n\n", &head[..crc_at]).into_bytes();
+        old.extend_from_slice(&f.split_off(end));
+        let snap = decode(&old, Limits::LOOSE).unwrap();
+        assert_eq!(snap.header.kv_device, CPU_DEVICE);
+        assert_eq!(snap.state, vec![9u8; 40]);
     }
 
     #[test]

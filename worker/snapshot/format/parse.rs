@@ -2,8 +2,8 @@
 //! real size and the limits before anything is allocated, both CRCs verified.
 
 use super::types::{
-    valid_tag, Compression, Header, Limits, SegKind, Segment, Snapshot, SnapshotError, MAGIC,
-    MAX_HEADER_BYTES, MAX_HEADER_LINES, MAX_SEGMENTS, MAX_ZSTD_RATIO,
+    valid_tag, Compression, Header, Limits, SegKind, Segment, Snapshot, SnapshotError, CPU_DEVICE,
+    MAGIC, MAX_HEADER_BYTES, MAX_HEADER_LINES, MAX_SEGMENTS, MAX_ZSTD_RATIO,
 };
 
 /// Parses and verifies a whole file. Never panics, whatever the bytes.
@@ -119,6 +119,10 @@ impl<'a> Fields<'a> {
             .ok_or_else(|| SnapshotError::Malformed(format!("missing {key}")))
     }
 
+    fn optional(&self, key: &str) -> Option<&'a str> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
     fn num<T: std::str::FromStr>(&self, key: &str) -> Result<T, SnapshotError> {
         self.str(key)?
             .parse()
@@ -155,6 +159,9 @@ impl<'a> Fields<'a> {
             n_ctx: self.num("n_ctx")?,
             type_k: self.str("type_k")?.to_string(),
             type_v: self.str("type_v")?.to_string(),
+            // Optional: older files lack it, and older binaries skip it (they read only
+            // the keys they know), so adding it needed no new format version.
+            kv_device: self.optional("kv_device").unwrap_or(CPU_DEVICE).to_string(),
             compression,
             scope: self.str("scope")?.to_string(),
             turn_id: self.num("turn_id")?,

@@ -51,7 +51,7 @@ fn render_header(h: &Header) -> String {
     let mut text = format!(
         "{MAGIC}\nformat_version={}\nmodel_sha={}\ndigest_version={}\ncrc32c={}\ntokens={}\n\
          bytes={}\nstored_bytes={}\ntimestamp={}\nllama_build={}\nn_ctx={}\ntype_k={}\n\
-         type_v={}\ncompression={}\nscope={}\nturn_id={}\nfence={}\nsegments={}\n",
+         type_v={}\nkv_device={}\ncompression={}\nscope={}\nturn_id={}\nfence={}\nsegments={}\n",
         h.format_version,
         h.model_sha,
         h.digest_version,
@@ -64,6 +64,7 @@ fn render_header(h: &Header) -> String {
         h.n_ctx,
         h.type_k,
         h.type_v,
+        h.kv_device,
         compression,
         h.scope,
         h.turn_id,

@@ -2,13 +2,15 @@
 
 /// First line of every snapshot.
 pub const MAGIC: &str = "LLKV1";
+/// `kv_device` of a KV computed on the CPU, and of every file older than the key.
+pub const CPU_DEVICE: &str = "CPU";
 /// Bumped on any incompatible change to the layout.
 pub const FORMAT_VERSION: u32 = 2;
 /// A header is a few hundred bytes; anything this long is not a header.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// More segments than this means a corrupt table (a turn is at least a few tokens).
 pub(super) const MAX_SEGMENTS: usize = 1 << 16;
-/// A real header has 18 lines; a file with many more is not one of ours.
+/// A real header has 19 lines; a file with many more is not one of ours.
 pub(super) const MAX_HEADER_LINES: usize = 64;
 /// The most a zstd payload can expand: a block of at least 4 bytes gives at most 128 KiB.
 /// Bounding the output buffer by it means a tiny file can never reserve gigabytes.
@@ -135,6 +137,11 @@ pub struct Header {
     pub n_ctx: u32,
     pub type_k: String,
     pub type_v: String,
+    /// The device the KV was computed on: `CPU`, or a GPU and how many of the KV's layers
+    /// were on it (`Vulkan0:30/30`). The bytes' layout is the same on every device; their
+    /// values are another device's arithmetic. Files written before the key existed were
+    /// all made on the CPU and read as `CPU`.
+    pub kv_device: String,
     pub compression: Compression,
     /// Hash of (user, character, session): a snapshot is only ever used for its own scope.
     pub scope: String,
@@ -165,6 +172,7 @@ impl Header {
             n_ctx: 0,
             type_k: String::new(),
             type_v: String::new(),
+            kv_device: CPU_DEVICE.to_string(),
             compression: Compression::None,
             scope: scope.to_string(),
             turn_id: 0,
@@ -178,6 +186,12 @@ impl Header {
         self.n_ctx = n_ctx;
         self.type_k = kv_type.to_string();
         self.type_v = kv_type.to_string();
+        self
+    }
+
+    /// The device the KV was computed on (see [`Header::kv_device`]).
+    pub fn with_kv_device(mut self, kv_device: &str) -> Header {
+        self.kv_device = kv_device.to_string();
         self
     }
 
