@@ -1,5 +1,5 @@
 //! A chat front-end on SmolLM2 through the official OpenAI Python SDK: every request sends
-//! the whole history and no id of kvmem's (only `user` and `character_id`). A new chat
+//! the whole history and no id of kvmem's (`user`, and the character as `model`). A new chat
 //! starts cold and its next message continues warm in the same session; regenerate gives a
 //! second reply in a branch, which the next message continues; an edit branches, and the
 //! reply's prompt holds the edited text and not the old; history never seen becomes a new
@@ -23,10 +23,12 @@ import json, sys, openai
 base, ch, ch2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 client = openai.OpenAI(base_url=base, api_key="unused")
 SYSTEM = {"role": "system", "content": "You are Ada, a ship's pilot."}
-def ask(name, history, user="u1", character=ch):
+# The model picker's list: each user's own characters, Ada among them.
+for u in ("u1", "u2"):
+    assert "Ada" in [m.id for m in client.models.list(extra_query={"user": u})], u
+def ask(name, history, user="u1"):
     raw = client.chat.completions.with_raw_response.create(
-        model="kvmem", messages=[SYSTEM] + history, user=user,
-        extra_body={"character_id": character})
+        model="Ada", messages=[SYSTEM] + history, user=user)
     c = raw.parse()
     out = {"name": name, "session": raw.headers.get("x-kvmem-session"),
            "how": raw.headers.get("x-kvmem-conversation"), "turn": c.model_extra["kvmem"]["turn_id"],
@@ -45,7 +47,7 @@ ask("after", m2 + [A(r2b), U("Thanks, Ada.")])
 ask("edit_second", m1 + [A(r1), U("Where do I live?")])
 ask("edit_first", [U("My name is Zed.")])
 ask("unseen", [U("I keep bees on the roof."), A("Bees! How many hives?"), U("Three hives.")])
-ask("other_user", m2, user="u2", character=ch2)
+ask("other_user", m2, user="u2")
 rp = ask("other_chat", [U("Let us plan the landing.")])
 ask("other_chat_next", [U("Let us plan the landing."), A(rp), U("Which runway?")])
 "#;

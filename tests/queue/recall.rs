@@ -477,7 +477,9 @@ async fn each_question_recalls_the_message_that_answers_it_and_not_its_neighbour
     let told = [
         "My sister Maya came over for dinner last night and cooked a huge curry.",
         "It reminded me of Lisbon, where I grew up, right next to the old tram line.",
-        "Anyway, next month I'm planning to run the Porto half marathon with her.",
+        // Not "with her": a line that also speaks of the sister is about her too, and e5
+        // lets it through the gate for the sister's question.
+        "Anyway, next month I'm planning to run the Porto half marathon with my running club.",
     ];
     for t in told {
         one_turn(&deps, "first", "u1", ch, t).await;
