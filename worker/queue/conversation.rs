@@ -6,7 +6,7 @@
 
 use sqlx::{PgConnection, PgPool};
 
-use super::enqueue::{NewTurn, Repeat};
+use super::enqueue::{lock_and_find_repeat, queue_in, NewTurn, Repeat};
 use super::types::Result;
 use crate::turn::{chain, TurnId};
 
@@ -126,22 +126,9 @@ pub async fn enqueue_named(
     // Scope: the repeat check, the import into a new session and the enqueue, under the
     // session's enqueue lock.
     let mut tx = pool.begin().await?;
-    sqlx::query(include_str!("../../sql/queue/enqueue_lock.sql"))
-        .bind(turn.session_id)
-        .execute(&mut *tx)
-        .await?;
-    let found: Option<i64> = sqlx::query_scalar(include_str!("../../sql/queue/repeat_of.sql"))
-        .bind(turn.session_id)
-        .bind(turn.user_id)
-        .bind(turn.character_id)
-        .bind(repeat.hash)
-        .bind(repeat.retry)
-        .bind(window(repeat))
-        .fetch_optional(&mut *tx)
-        .await?;
-    if let Some(id) = found {
+    if let Some(id) = lock_and_find_repeat(&mut tx, turn, repeat).await? {
         tx.commit().await?;
-        return Ok((TurnId(id), true));
+        return Ok((id, true));
     }
     let fresh: bool = sqlx::query_scalar(include_str!("../../sql/queue/session_is_new.sql"))
         .bind(turn.session_id)
@@ -162,10 +149,6 @@ pub async fn enqueue_named(
     let id = queue_in(&mut tx, turn, repeat.hash).await?;
     tx.commit().await?;
     Ok((id, false))
-}
-
-fn window(repeat: Repeat<'_>) -> i64 {
-    repeat.window_ms.min(i64::MAX as u64) as i64
 }
 
 /// The turn this request repeats: the same idempotency key's, or a retry of the same
@@ -190,7 +173,7 @@ async fn repeat_of(
             .bind(c.character_id)
             .bind(repeat.hash)
             .bind(repeat.retry)
-            .bind(window(repeat))
+            .bind(repeat.window_i64())
             .fetch_optional(&mut *tx)
             .await?,
     )
@@ -252,24 +235,4 @@ async fn import(
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// Queues the turn through the backend's SQL function and records the request's hash.
-async fn queue_in(tx: &mut PgConnection, turn: &NewTurn<'_>, hash: &str) -> Result<TurnId> {
-    let id: i64 = sqlx::query_scalar(include_str!("../../sql/queue/enqueue.sql"))
-        .bind(turn.session_id)
-        .bind(turn.user_id)
-        .bind(turn.character_id)
-        .bind(turn.message)
-        .bind(turn.idempotency_key)
-        .bind("live")
-        .bind(turn.options.map(sqlx::types::Json))
-        .fetch_one(&mut *tx)
-        .await?;
-    sqlx::query(include_str!("../../sql/queue/request_hash.sql"))
-        .bind(id)
-        .bind(hash)
-        .execute(&mut *tx)
-        .await?;
-    Ok(TurnId(id))
 }

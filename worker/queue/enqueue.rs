@@ -1,7 +1,7 @@
 //! Enqueueing by hand (CLI, tests, replay) and from the chat endpoint through the same SQL
 //! function a backend calls; for the endpoint, a repeat of a request maps to its turn.
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::types::Result;
 use crate::turn::TurnId;
@@ -68,6 +68,13 @@ pub struct Repeat<'a> {
     pub window_ms: u64,
 }
 
+impl Repeat<'_> {
+    /// The window as Postgres' bigint milliseconds.
+    pub(super) fn window_i64(&self) -> i64 {
+        self.window_ms.min(i64::MAX as u64) as i64
+    }
+}
+
 /// Enqueues `turn` (live lane, no idempotency key) unless the request repeats the one that
 /// queued the session's latest turn while that turn is queued or running, or within
 /// `window_ms` of its end when the client says it retries or the turn's answer was never
@@ -82,6 +89,26 @@ pub async fn enqueue_repeatable(
     // Scope: the look at the session's latest turn and the enqueue after it, under the
     // session's enqueue lock, so two copies of one request arriving together make one turn.
     let mut tx = pool.begin().await?;
+    if let Some(id) = lock_and_find_repeat(&mut tx, turn, repeat).await? {
+        tx.commit().await?;
+        return Ok((id, true));
+    }
+    let turn = NewTurn {
+        idempotency_key: None,
+        ..*turn
+    };
+    let id = queue_in(&mut tx, &turn, repeat.hash).await?;
+    tx.commit().await?;
+    Ok((id, false))
+}
+
+/// Takes the session's enqueue lock in `tx` and finds the turn `repeat` repeats, if any
+/// (`sql/queue/repeat_of.sql`).
+pub(super) async fn lock_and_find_repeat(
+    tx: &mut PgConnection,
+    turn: &NewTurn<'_>,
+    repeat: Repeat<'_>,
+) -> Result<Option<TurnId>> {
     sqlx::query(include_str!("../../sql/queue/enqueue_lock.sql"))
         .bind(turn.session_id)
         .execute(&mut *tx)
@@ -92,28 +119,32 @@ pub async fn enqueue_repeatable(
         .bind(turn.character_id)
         .bind(repeat.hash)
         .bind(repeat.retry)
-        .bind(repeat.window_ms.min(i64::MAX as u64) as i64)
+        .bind(repeat.window_i64())
         .fetch_optional(&mut *tx)
         .await?;
-    if let Some(id) = found {
-        tx.commit().await?;
-        return Ok((TurnId(id), true));
-    }
+    Ok(found.map(TurnId))
+}
+
+/// Queues `turn` in the live lane inside `tx` and records the request's hash on it.
+pub(super) async fn queue_in(
+    tx: &mut PgConnection,
+    turn: &NewTurn<'_>,
+    hash: &str,
+) -> Result<TurnId> {
     let id: i64 = sqlx::query_scalar(include_str!("../../sql/queue/enqueue.sql"))
         .bind(turn.session_id)
         .bind(turn.user_id)
         .bind(turn.character_id)
         .bind(turn.message)
-        .bind(None::<&str>)
+        .bind(turn.idempotency_key)
         .bind("live")
         .bind(turn.options.map(sqlx::types::Json))
         .fetch_one(&mut *tx)
         .await?;
     sqlx::query(include_str!("../../sql/queue/request_hash.sql"))
         .bind(id)
-        .bind(repeat.hash)
+        .bind(hash)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
-    Ok((TurnId(id), false))
+    Ok(TurnId(id))
 }
