@@ -12,7 +12,6 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use kvmem::memory::embed::{dot, Embedder, Role};
 
-const ROUNDS: usize = 3;
 const BATCH: usize = 64;
 
 fn evalset() -> Result<(Vec<String>, Vec<String>)> {
@@ -72,20 +71,41 @@ fn main() -> Result<()> {
         .ok()
         .and_then(|t| t.parse().ok())
         .unwrap_or(1024);
+    let rounds: usize = std::env::var("KVMEM_BENCH_ROUNDS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(3);
+    // Each file once per query thread count, so one run sets them side by side.
+    let query_threads: Vec<i32> = std::env::var("KVMEM_BENCH_QUERY_THREADS")
+        .unwrap_or_else(|_| "1".into())
+        .split_whitespace()
+        .map(|t| t.parse().context("KVMEM_BENCH_QUERY_THREADS: a number"))
+        .collect::<Result<_>>()?;
     llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
     let (queries, mut keys) = evalset()?;
     keys.truncate(keys_max);
     println!(
-        "{} queries one at a time, {} keys in batches of {BATCH}, {threads} batch threads, {ROUNDS} rounds",
+        "{} queries one at a time on {query_threads:?} threads, {} keys in batches of {BATCH}, {threads} batch threads, {rounds} rounds",
         queries.len(),
         keys.len()
     );
-    let models: Vec<Embedder> = paths
+    let mut models = Vec::new();
+    let mut names = Vec::new();
+    for p in &paths {
+        for &q in &query_threads {
+            models.push(Embedder::load_with_query_threads(p, threads, q)?);
+            names.push(match query_threads.len() {
+                1 => p.display().to_string(),
+                _ => format!("{} (query on {q} threads)", p.display()),
+            });
+        }
+    }
+    let paths: Vec<PathBuf> = paths
         .iter()
-        .map(|p| Embedder::load(p, threads))
-        .collect::<Result<_, _>>()?;
+        .flat_map(|p| std::iter::repeat_n(p.clone(), query_threads.len()))
+        .collect();
     let mut first_vectors: Vec<Vec<Vec<f32>>> = vec![Vec::new(); models.len()];
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         // Alternate the order each round so neither model always runs on a cooler machine.
         let order: Vec<usize> = if round % 2 == 0 {
             (0..models.len()).collect()
@@ -110,10 +130,10 @@ fn main() -> Result<()> {
             let secs = t.elapsed().as_secs_f64();
             println!(
                 "round {round} {}: query p50 {:.2} ms p95 {:.2} ms | keys {:.1}/s",
-                paths[m].display(),
+                names[m],
                 pct(&times, 0.5),
                 pct(&times, 0.95),
-                keys.len() as f64 / secs
+                keys.len() as f64 / secs.max(1e-9)
             );
             if round == 0 {
                 first_vectors[m] = vecs;
@@ -138,8 +158,8 @@ fn main() -> Result<()> {
         cos.sort_by(f64::total_cmp);
         println!(
             "query vectors of {} against {}: cosine min {:.4} p50 {:.4}",
-            paths[m].display(),
-            paths[base].display(),
+            names[m],
+            names[base],
             cos[0],
             pct(&cos, 0.5)
         );

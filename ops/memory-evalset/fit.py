@@ -19,6 +19,10 @@ Fit on the tuning half only. The reporting half is read once, for the figures pu
                                         and not adopted (docs/benchmarks.md)
   fit.py kinds DUMP CHATS               R@5/R@10 per kind of the standardised hybrid without
                                         and with the lift LIFT below
+  fit.py ceiling DUMP CHATS             the candidate pool's ceiling: the share of evidence
+                                        among every candidate the legs found (R@inf), beside
+                                        R@10/20/50 of the standardised hybrid, per kind, and
+                                        the pool's size against the user's history
 """
 import collections
 import itertools
@@ -224,6 +228,35 @@ def kinds(qs, chats):
             print(f"{name} R@{k}: {fmt(evaluate_scorers(qs, scorers, k))}")
 
 
+def ceiling(qs, chats):
+    """R@inf over the pool, and where the ranking leaves the evidence it holds."""
+    history = collections.Counter()
+    with open(chats) as f:
+        for line in f:
+            history[json.loads(line)["user_id"]] += 1
+    pools = [{i for c in q["candidates"] for i in c["sources"]} for q in qs]
+    by_type = collections.defaultdict(list)
+    for q, pool in zip(qs, pools):
+        r = sum(e in pool for e in q["evidence"]) / len(q["evidence"]) if q["evidence"] else 1.0
+        by_type["all"].append(r)
+        by_type[q.get("type") or "?"].append(r)
+    print(f"R@inf (in the pool): {fmt({t: sum(v) / len(v) for t, v in by_type.items()})}")
+    scorers = [standardised(q) for q in qs]
+    for k in (10, 20, 50):
+        by_type = collections.defaultdict(list)
+        for q, scorer in zip(qs, scorers):
+            r = recall(ranked_ids(q, scorer, limit=k), q["evidence"], k)
+            by_type["all"].append(r)
+            by_type[q.get("type") or "?"].append(r)
+        print(f"R@{k}: {fmt({t: sum(v) / len(v) for t, v in by_type.items()})}")
+    sizes = sorted(len(p) for p in pools)
+    shares = sorted(len(p) / history[q["user_id"]] for q, p in zip(qs, pools) if history[q["user_id"]])
+    print(f"pool: {sizes[len(sizes) // 2]} messages p50 ({sizes[0]}-{sizes[-1]}), "
+          f"{shares[len(shares) // 2]:.2f} of the user's history p50 ({shares[0]:.2f}-{shares[-1]:.2f})")
+    missed = [e for q, p in zip(qs, pools) for e in q["evidence"] if e not in p]
+    print(f"evidence messages outside the pool: {len(missed)} of {sum(len(q['evidence']) for q in qs)}")
+
+
 def evaluate_scorers(qs, scorers, k=10):
     by_type = collections.defaultdict(list)
     for q, scorer in zip(qs, scorers):
@@ -249,6 +282,8 @@ def main():
         lift(dump, sys.argv[3])
     elif cmd == "kinds" and len(sys.argv) == 4:
         kinds(dump, sys.argv[3])
+    elif cmd == "ceiling" and len(sys.argv) == 4:
+        ceiling(dump, sys.argv[3])
     else:
         sys.exit(__doc__)
 

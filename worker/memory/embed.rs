@@ -147,6 +147,25 @@ impl Embedder {
 
     /// A copy of the model at `path` with `gpu`'s layers on a GPU.
     pub fn load_on(path: &Path, n_threads: i32, gpu: GpuChoice) -> Result<Embedder> {
+        Self::load_with(path, n_threads, QUERY_THREADS, gpu)
+    }
+
+    /// [`Embedder::load`] with `query_threads` threads for a single text instead of one:
+    /// how `ops/bench-embed` sets one thread against two side by side.
+    pub fn load_with_query_threads(
+        path: &Path,
+        n_threads: i32,
+        query_threads: i32,
+    ) -> Result<Embedder> {
+        Self::load_with(path, n_threads, query_threads, GpuChoice::CPU)
+    }
+
+    fn load_with(
+        path: &Path,
+        n_threads: i32,
+        query_threads: i32,
+        gpu: GpuChoice,
+    ) -> Result<Embedder> {
         if let Ok(mut c) = load_counts().lock() {
             *c.entry(path.to_path_buf()).or_default() += 1;
         }
@@ -186,7 +205,7 @@ impl Embedder {
                 .map_err(|e| err(format!("context: {e}")))
         };
         let ctx = context(BATCH_TOKENS, BATCH_SEQS, n_threads)?;
-        let query = context(window, 1, QUERY_THREADS)?;
+        let query = context(window, 1, query_threads.max(1))?;
         Ok(Embedder {
             model,
             ctx: Mutex::new(ctx),
