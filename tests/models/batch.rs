@@ -133,6 +133,20 @@ fn together(engine: &Engine, ctxs: &mut Contexts, turns: Vec<(TurnJob, Start)>) 
         .collect()
 }
 
+/// The batched session's KV, as its save writes it, loads into a one-sequence context.
+fn loads_alone(engine: &Engine, run: &TurnRun) {
+    let mut one = engine.new_context().unwrap();
+    let restored = KvSession::restore(
+        engine,
+        &mut one,
+        run.state.as_ref().unwrap(),
+        &run.token_ids,
+        &run.segments,
+    )
+    .expect("a batched state loads into a one-sequence context");
+    assert_eq!(restored.len() as usize, run.token_ids.len());
+}
+
 /// The same two turns per session, cold then warm, once each session alone and once all
 /// four in one batch: replies, KV tokens and segments must be the same, and every batched
 /// state must load into a one-sequence context.
@@ -214,17 +228,7 @@ pub(crate) fn batched_match_alone_on(engine: &Engine) {
             assert_eq!(a.warm, b.warm);
             assert_eq!(a.digest_injected, b.digest_injected);
 
-            // The batched session's KV, as its save writes it, loads alone.
-            let mut one = engine.new_context().unwrap();
-            let restored = KvSession::restore(
-                engine,
-                &mut one,
-                b.state.as_ref().unwrap(),
-                &b.token_ids,
-                &b.segments,
-            )
-            .expect("a batched state loads into a one-sequence context");
-            assert_eq!(restored.len() as usize, b.token_ids.len());
+            loads_alone(engine, b);
         }
     }
     assert!(
@@ -551,16 +555,7 @@ pub(crate) fn batched_on_a_device(engine: &Engine) {
             b.state == c.state,
             "session {i}: the same batch, another KV"
         );
-        let mut one = engine.new_context().unwrap();
-        let restored = KvSession::restore(
-            engine,
-            &mut one,
-            b.state.as_ref().unwrap(),
-            &b.token_ids,
-            &b.segments,
-        )
-        .expect("a batched state loads into a one-sequence context");
-        assert_eq!(restored.len() as usize, b.token_ids.len());
+        loads_alone(engine, b);
         parted += usize::from(a.reply != b.reply);
     }
     let distinct: std::collections::HashSet<&str> =
