@@ -70,8 +70,8 @@ pub enum MemoryCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Ranked memories and messages for a query. Read-only (it stores the vectors it
-    /// computes for facts and spans that lacked them); never migrates.
+    /// Ranked memories and messages for a query. Read-only: a row the memory lane has not
+    /// embedded yet is found by its lexical legs alone; never migrates.
     Search {
         #[command(flatten)]
         scope: ScopeArgs,
