@@ -147,6 +147,29 @@ fn loads_alone(engine: &Engine, run: &TurnRun) {
     assert_eq!(restored.len() as usize, run.token_ids.len());
 }
 
+/// The first, cold turn of every session from its text history: each alone, then all in
+/// one batch on `ctxs`.
+fn cold_round(
+    engine: &Engine,
+    sessions: &[(TurnJob, Vec<Exchange>)],
+    ctxs: &mut Contexts,
+) -> (Vec<TurnRun>, Vec<TurnRun>) {
+    let cold = |history: &Vec<Exchange>| Start::Cold(ColdSource::Text(history.clone()));
+    let alone_runs = sessions
+        .iter()
+        .map(|(job, history)| *alone(engine, job.clone(), cold(history)))
+        .collect();
+    let batched = together(
+        engine,
+        ctxs,
+        sessions
+            .iter()
+            .map(|(job, history)| (job.clone(), cold(history)))
+            .collect(),
+    );
+    (alone_runs, batched)
+}
+
 /// The same two turns per session, cold then warm, once each session alone and once all
 /// four in one batch: replies, KV tokens and segments must be the same, and every batched
 /// state must load into a one-sequence context.
@@ -160,21 +183,8 @@ fn batched_turns_match_the_same_turns_run_alone() {
 /// theirs on a device).
 pub(crate) fn batched_match_alone_on(engine: &Engine) {
     let sessions = sessions();
-
-    let cold = |history: &Vec<Exchange>| Start::Cold(ColdSource::Text(history.clone()));
-    let first_alone: Vec<_> = sessions
-        .iter()
-        .map(|(job, history)| alone(engine, job.clone(), cold(history)))
-        .collect();
     let mut ctxs = contexts(engine, sessions.len() as u32);
-    let first_batched = together(
-        engine,
-        &mut ctxs,
-        sessions
-            .iter()
-            .map(|(job, history)| (job.clone(), cold(history)))
-            .collect(),
-    );
+    let (first_alone, first_batched) = cold_round(engine, &sessions, &mut ctxs);
 
     let seconds: Vec<TurnJob> = sessions
         .iter()
@@ -185,7 +195,7 @@ pub(crate) fn batched_match_alone_on(engine: &Engine) {
         .zip(&first_alone)
         .map(|(job, run)| {
             let snap = snapshot_of(run, job);
-            alone(engine, job.clone(), Start::Snapshot(Box::new(snap)))
+            *alone(engine, job.clone(), Start::Snapshot(Box::new(snap)))
         })
         .collect();
     let second_batched = together(
@@ -463,19 +473,8 @@ async fn a_batching_worker_runs_every_turn_once_and_in_order(pool: sqlx::PgPool)
 #[cfg(feature = "vulkan")]
 pub(crate) fn batched_on_a_device(engine: &Engine) {
     let sessions = sessions();
-    let cold = |history: &Vec<Exchange>| Start::Cold(ColdSource::Text(history.clone()));
-    let first_alone: Vec<_> = sessions
-        .iter()
-        .map(|(job, history)| alone(engine, job.clone(), cold(history)))
-        .collect();
-    let first_batched = together(
-        engine,
-        &mut contexts(engine, sessions.len() as u32),
-        sessions
-            .iter()
-            .map(|(job, history)| (job.clone(), cold(history)))
-            .collect(),
-    );
+    let mut ctxs = contexts(engine, sessions.len() as u32);
+    let (first_alone, first_batched) = cold_round(engine, &sessions, &mut ctxs);
     for (i, (a, b)) in first_alone.iter().zip(&first_batched).enumerate() {
         assert!(!a.reply.trim().is_empty(), "session {i}: empty reply");
         assert_eq!(a.reply, b.reply, "session {i} round 0: reply differs");
