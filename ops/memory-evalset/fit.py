@@ -243,12 +243,7 @@ def ceiling(qs, chats):
     print(f"R@inf (in the pool): {fmt({t: sum(v) / len(v) for t, v in by_type.items()})}")
     scorers = [standardised(q) for q in qs]
     for k in (10, 20, 50):
-        by_type = collections.defaultdict(list)
-        for q, scorer in zip(qs, scorers):
-            r = recall(ranked_ids(q, scorer, limit=k), q["evidence"], k)
-            by_type["all"].append(r)
-            by_type[q.get("type") or "?"].append(r)
-        print(f"R@{k}: {fmt({t: sum(v) / len(v) for t, v in by_type.items()})}")
+        print(f"R@{k}: {fmt(evaluate_scorers(qs, scorers, k))}")
     sizes = sorted(len(p) for p in pools)
     shares = sorted(len(p) / history[q["user_id"]] for q, p in zip(qs, pools) if history[q["user_id"]])
     print(f"pool: {sizes[len(sizes) // 2]} messages p50 ({sizes[0]}-{sizes[-1]}), "
@@ -260,7 +255,7 @@ def ceiling(qs, chats):
 def evaluate_scorers(qs, scorers, k=10):
     by_type = collections.defaultdict(list)
     for q, scorer in zip(qs, scorers):
-        r = recall(ranked_ids(q, scorer), q["evidence"], k)
+        r = recall(ranked_ids(q, scorer, limit=max(20, k)), q["evidence"], k)
         by_type["all"].append(r)
         by_type[q.get("type") or "?"].append(r)
     return {t: sum(v) / len(v) for t, v in by_type.items()}
