@@ -28,6 +28,7 @@ const REPLACEABLE_SQL: &[(&str, &str)] = &[
         "sql/api/turn_done.sql",
         include_str!("../sql/api/turn_done.sql"),
     ),
+    ("sql/api/chain.sql", include_str!("../sql/api/chain.sql")),
     (
         "sql/views/queue.sql",
         include_str!("../sql/views/queue.sql"),

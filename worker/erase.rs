@@ -3,8 +3,10 @@
 //! their quarantined copies, objects), with one audit event that holds no content. The
 //! CLI, the HTTP route and the workers' maintenance sweep all come through here.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -16,8 +18,12 @@ use crate::snapshot::{ScopeErased, SnapshotStore};
 pub enum Subject {
     /// The user and everything of theirs: characters, sessions, memories, summaries.
     User(String),
-    /// One character: its sessions and what was kept or derived from them.
+    /// One character: its sessions and what was kept or derived from them, every user's
+    /// (a public character's too), and the character.
     Character(i64),
+    /// One user's part of a character (a public one they talked to): their sessions with
+    /// it and what came of them; the character and other users' parts stay.
+    UserCharacter { user: String, character: i64 },
     /// One session: its dialogue, snapshot, facts, and the memories that cite it; with a
     /// user, only that user's part (an imported session id is the user's own name for it).
     Session {
@@ -31,7 +37,7 @@ pub enum Subject {
 pub struct Erased {
     /// `user`, `character` or `session`.
     pub kind: String,
-    /// The audit event's subject: the kind and the SHA-256 of the id.
+    /// The audit event's subject: the kind and a keyed hash of the id (HMAC-SHA-256).
     pub subject: String,
     /// Rows removed, per table (every table an erase touches, zeros included).
     pub tables: indexmap::IndexMap<String, i64>,
@@ -77,6 +83,11 @@ pub async fn erase(
         }
         Subject::Character(c) => {
             sqlx::query_scalar(include_str!("../sql/erase/character.sql")).bind(*c)
+        }
+        Subject::UserCharacter { user, character } => {
+            sqlx::query_scalar(include_str!("../sql/erase/user_character.sql"))
+                .bind(user.as_str())
+                .bind(*character)
         }
         Subject::Session { session, user } => {
             sqlx::query_scalar(include_str!("../sql/erase/session.sql"))
@@ -126,23 +137,75 @@ async fn erase_scopes(store: &SnapshotStore, scopes: &[String]) -> Result<ScopeE
     Ok(total)
 }
 
-/// A worker's sweep of the erased scopes: removes whatever this worker's store still holds
-/// of them (a copy in its own directory, a file a turn in flight wrote after the erase),
-/// and forgets scopes erased longer than `keep` ago. Returns what it removed.
+/// How far one worker's sweep of erased scopes has come, so each scope is swept once per
+/// worker instead of on every pass: the newest erase time swept, and the scopes of the
+/// last [`SWEEP_OVERLAP`] already done (read again, not swept again).
+#[derive(Debug, Default)]
+pub struct SweepMark {
+    swept_to: Option<DateTime<Utc>>,
+    recent: HashMap<String, DateTime<Utc>>,
+}
+
+/// An erase stamps `erased_at` when its transaction starts and may commit later, after a
+/// sweep read past the stamp; each sweep reads back this far for such late commits.
+const SWEEP_OVERLAP: Duration = Duration::from_secs(600);
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Swept {
+    /// Scopes swept for the first time by this worker.
+    pub scopes: usize,
+    pub removed: ScopeErased,
+}
+
+/// A worker's sweep of the erased scopes it has not swept yet: removes whatever its store
+/// still holds of them that was written before their erase (a copy in its own directory,
+/// a file a turn in flight wrote), never a snapshot of a session id used again after the
+/// erase; and forgets scopes erased longer than `keep` ago.
 pub async fn sweep(
     pool: &PgPool,
     store: &SnapshotStore,
     keep: Duration,
-) -> Result<ScopeErased, EraseError> {
-    let scopes: Vec<String> = sqlx::query_scalar(include_str!("../sql/erase/scopes.sql"))
-        .fetch_all(pool)
-        .await?;
-    let removed = erase_scopes(store, &scopes).await?;
+    mark: &mut SweepMark,
+) -> Result<Swept, EraseError> {
+    let overlap = chrono::Duration::from_std(SWEEP_OVERLAP).unwrap_or_default();
+    let from = mark.swept_to.map(|t| t - overlap);
+    let rows: Vec<(String, DateTime<Utc>)> =
+        sqlx::query_as(include_str!("../sql/erase/scopes.sql"))
+            .bind(from)
+            .fetch_all(pool)
+            .await?;
+    let fresh: HashMap<String, u64> = rows
+        .iter()
+        .filter(|(scope, _)| !mark.recent.contains_key(scope))
+        .map(|(scope, at)| (scope.clone(), at.timestamp_millis().max(0) as u64))
+        .collect();
+    let swept = Swept {
+        scopes: fresh.len(),
+        removed: if fresh.is_empty() {
+            ScopeErased::default()
+        } else {
+            store
+                .erase_written_before(fresh)
+                .await
+                .map_err(|error| EraseError::Store {
+                    scope: format!("{} erased scopes", rows.len()),
+                    error,
+                })?
+        },
+    };
+    for (scope, at) in rows {
+        mark.swept_to = Some(mark.swept_to.map_or(at, |t| t.max(at)));
+        mark.recent.insert(scope, at);
+    }
+    if let Some(to) = mark.swept_to {
+        mark.recent.retain(|_, at| *at > to - overlap);
+    }
     sqlx::query(include_str!("../sql/erase/forget_scopes.sql"))
         .bind(keep.as_secs_f64())
         .execute(pool)
         .await?;
-    Ok(removed)
+    Ok(swept)
 }
 
 /// After a turn lost its fence: if its session was erased meanwhile, removes the snapshot
@@ -167,6 +230,15 @@ pub async fn after_fenced(
 pub async fn owns_character(pool: &PgPool, user: &str, character: i64) -> sqlx::Result<bool> {
     sqlx::query_scalar(include_str!("../sql/erase/owns_character.sql"))
         .bind(user)
+        .bind(character)
+        .fetch_one(pool)
+        .await
+}
+
+/// Whether `character` is public: anyone may talk to it, and a user's erase of it is of
+/// their part.
+pub async fn is_public(pool: &PgPool, character: i64) -> sqlx::Result<bool> {
+    sqlx::query_scalar(include_str!("../sql/erase/is_public.sql"))
         .bind(character)
         .fetch_one(pool)
         .await

@@ -14,8 +14,9 @@
 //! The modules, from the bottom up (a module uses only those below it; CONTRIBUTING.md
 //! draws the picture): foundations ([`config`], [`db`], [`metrics`], [`telemetry`],
 //! [`faults`]); [`snapshot`] and [`engine`]; [`turn`]; [`queue`], [`context`] and [`stream`];
-//! [`memory`], [`summary`] and [`erase`]; [`pipeline`]; [`runner`]; [`system`]; [`http`] and [`cmd`].
+//! [`memory`], [`summary`], [`erase`], [`keys`] and [`characters`]; [`pipeline`]; [`runner`]; [`system`]; [`http`] and [`cmd`].
 
+pub mod characters;
 pub mod cmd;
 pub mod config;
 pub mod context;
@@ -24,6 +25,7 @@ pub mod engine;
 pub mod erase;
 pub mod faults;
 pub mod http;
+pub mod keys;
 pub mod lane;
 pub mod memory;
 pub mod metrics;

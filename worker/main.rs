@@ -90,6 +90,10 @@ enum Command {
     Summary(kvmem::cmd::summary::SummaryArgs),
     /// Erase a user, a character or a session everywhere. Writes: deletes; idempotent.
     Erase(kvmem::cmd::erase::EraseArgs),
+    /// Characters without SQL: add (public or one user's), list, edit, remove.
+    Character(kvmem::cmd::character::CharacterArgs),
+    /// Per-user API keys for `http.identity = "key"`: create (printed once), list, revoke.
+    Keys(kvmem::cmd::keys::KeysArgs),
     /// Counts by state, oldest queued age, running sessions, dead turns. Read-only.
     Status {
         /// Refresh every N seconds.
@@ -182,6 +186,8 @@ async fn main() -> Result<()> {
         Command::Replay(args) => replay(args, settings).await,
         Command::Status { watch } => watch_status(watch, &settings).await,
         Command::Erase(args) => Ok(kvmem::cmd::erase::run(args, settings).await?),
+        Command::Character(args) => Ok(kvmem::cmd::character::run(args, settings).await?),
+        Command::Keys(args) => Ok(kvmem::cmd::keys::run(args, settings).await?),
     }
 }
 

@@ -41,6 +41,10 @@ async fn place(
         history,
         idempotency_key: None,
         options: None,
+        limits: queue::HistoryLimits {
+            messages: usize::MAX,
+            chars: usize::MAX,
+        },
     };
     let repeat = Repeat {
         hash: &hash,

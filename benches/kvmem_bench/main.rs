@@ -21,6 +21,7 @@ mod recall;
 mod soak;
 #[path = "../streaming/mod.rs"]
 mod streaming;
+mod sweep;
 mod warm_cold;
 
 use std::collections::BTreeMap;
@@ -104,6 +105,7 @@ async fn main() -> Result<()> {
             "stream" => streaming::streaming(&env.base_url, &env.smollm2, env.quick).await?,
             "soak" => soak::soak(&env).await?,
             "frontend" => frontend::frontend(&env).await?,
+            "erase-sweep" => sweep::sweep(&env).await?,
             other => anyhow::bail!("unknown suite {other}; suites: {all:?}"),
         };
         let path = env.results.join(format!("{suite}.json"));

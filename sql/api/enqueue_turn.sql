@@ -16,7 +16,9 @@
 -- by kvmem_check_turn_options below: an object of at most these keys, each optional:
 --   temperature  number 0..2 (0: greedy)      top_p       number in (0, 1]
 --   seed         integer 0..4294967295        stop        array of 1..16 non-empty strings
---   max_tokens   integer >= 1 (the worker caps it at REPLY_MAX_TOKENS)
+--   max_tokens   integer >= 1 (the worker caps it at REPLY_MAX_TOKENS)    of at most 64 characters
+-- Integers are JSON integers (7, not 7.0): the worker reads them as integers, and a turn
+-- that fails there is worse than a request refused here.
 DROP FUNCTION IF EXISTS kvmem_enqueue_turn(text, text, bigint, text, text);
 DROP FUNCTION IF EXISTS kvmem_enqueue_turn(text, text, bigint, text, text, text);
 
@@ -42,14 +44,19 @@ BEGIN
         IF k = 'stop' THEN
             IF jsonb_typeof(v) <> 'array' OR jsonb_array_length(v) NOT BETWEEN 1 AND 16
                OR EXISTS (SELECT 1 FROM jsonb_array_elements(v) e
-                           WHERE jsonb_typeof(e) <> 'string' OR e #>> '{}' = '') THEN
-                RAISE EXCEPTION 'kvmem: option stop must be an array of 1 to 16 non-empty strings'
+                           WHERE jsonb_typeof(e) <> 'string' OR e #>> '{}' = ''
+                              OR char_length(e #>> '{}') > 64) THEN
+                RAISE EXCEPTION 'kvmem: option stop must be an array of 1 to 16 non-empty strings of at most 64 characters'
                     USING ERRCODE = '22023';
             END IF;
             CONTINUE;
         END IF;
         IF jsonb_typeof(v) <> 'number' THEN
             RAISE EXCEPTION 'kvmem: option % must be a number', k USING ERRCODE = '22023';
+        END IF;
+        IF k IN ('seed', 'max_tokens') AND v::text !~ '^-?[0-9]+$' THEN
+            RAISE EXCEPTION 'kvmem: option % is %, not a whole number written as one (7, not 7.0)', k, v
+                USING ERRCODE = '22023';
         END IF;
         n := v::numeric;
         IF (k = 'temperature' AND n NOT BETWEEN 0 AND 2)
@@ -113,8 +120,11 @@ BEGIN
     END IF;
     options := kvmem_check_turn_options(options);
 
-    SELECT uc.user_id INTO v_owner FROM user_characters uc WHERE uc.id = character_id;
-    IF NOT FOUND OR v_owner IS DISTINCT FROM user_id THEN
+    -- The user's own character, or a public one (anyone may talk to it, each user in
+    -- their own sessions).
+    SELECT uc.user_id INTO v_owner FROM user_characters uc
+     WHERE uc.id = character_id AND (uc.user_id = kvmem_enqueue_turn.user_id OR uc.public);
+    IF NOT FOUND THEN
         -- A foreign character is reported like a missing one: ids of other users do not leak.
         RAISE EXCEPTION 'kvmem: unknown character % for user %', character_id, user_id
             USING ERRCODE = 'P0002';

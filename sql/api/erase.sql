@@ -6,8 +6,8 @@
 --   SELECT kvmem_erase_session('session_123');            -- or ('session_123', 'user_1')
 --
 -- Each returns {"kind", "subject", "tables": {table: rows removed}, "scopes": [...]} and
--- records one `erased` event holding no content: the subject's SHA-256, the counts, the
--- time. A second call removes nothing and says so. `scopes` are the snapshot scopes to
+-- records one `erased` event holding no content: the subject's keyed hash (HMAC-SHA-256
+-- under the database's own `erase_audit` secret), the counts, the time. A second call removes nothing and says so. `scopes` are the snapshot scopes to
 -- remove outside Postgres (hashes, see migrations/*_erase.sql): `kvmem erase` and
 -- `POST /v1/erase` remove them at once, every worker's maintenance sweep soon after.
 --
@@ -36,10 +36,15 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
            FROM 1 FOR 16), 'hex')
 $$;
 
--- The audit event's subject: the kind and the SHA-256 of the id, never the id.
+-- The audit event's subject: the kind and a keyed hash of the id, never the id. The key
+-- (kvmem_secrets 'erase_audit', made by the first migrate) stays in the database, so the
+-- hash of a guessable id cannot be found by hashing guesses outside it; inside it, the
+-- same id always gives the same subject, which is what a second erase and a late lane job
+-- match on.
 CREATE OR REPLACE FUNCTION kvmem_erase_subject(p_kind text, p_id text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT p_kind || ':' || encode(sha256(convert_to(p_id, 'UTF8')), 'hex')
+LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
+    SELECT p_kind || ':' || encode(hmac(convert_to(p_id, 'UTF8'),
+               (SELECT secret FROM kvmem_secrets WHERE name = 'erase_audit'), 'sha256'), 'hex')
 $$;
 
 -- Recounts a user's BM25 statistics from the dialogue rows left (a character's or a
@@ -84,19 +89,29 @@ DECLARE
     v_keys     text[];
     v_guilds   text[];
     v_scopes   text[];
+    v_derived  bigint[];
     v_counts   jsonb := '{}'::jsonb;
     n          bigint;
 BEGIN
-    -- Lock order with the turn path: the sessions' digest locks first (a rebuild holding
-    -- one finishes before its row is deleted; one waiting sees the rows gone).
+    -- Lock order, the turn path's own: each session's enqueue lock (kvmem_enqueue_turn's),
+    -- so no turn is queued into a session while it goes; then the sessions' lease rows in
+    -- session order (a completion's fence, fence_many.sql), so a completion in flight
+    -- commits, its log row with it, before anything below reads; then the digest locks (a
+    -- rebuild holding one finishes before its row is deleted; one waiting sees them gone).
+    PERFORM pg_advisory_xact_lock(hashtextextended('kvmem:' || s, 0))
+       FROM (SELECT DISTINCT s FROM unnest(p_sessions) s ORDER BY 1) x;
+    PERFORM 1 FROM session_locks WHERE session_id = ANY(p_sessions)
+     ORDER BY session_id FOR UPDATE;
     PERFORM pg_advisory_xact_lock(hashtextextended('kvmem:digest:' || s, 0))
        FROM (SELECT DISTINCT s FROM unnest(p_sessions) s ORDER BY 1) x;
 
+    -- A character's rows are its users': a public character is many users', and only
+    -- those of p_users go (all of them when the character itself is erased).
     SELECT coalesce(array_agg(id), '{}') INTO v_turns
       FROM turns
      WHERE session_id = ANY(p_sessions)
         OR (p_whole_user AND user_id = ANY(p_users))
-        OR character_id = ANY(p_characters);
+        OR (character_id = ANY(p_characters) AND user_id = ANY(p_users));
     SELECT coalesce(array_agg(id), '{}'), coalesce(array_agg(DISTINCT message_id), '{}'),
            coalesce(array_agg(DISTINCT guild_id) FILTER (WHERE guild_id <> ''), '{}')
       INTO v_mm, v_keys, v_guilds
@@ -106,6 +121,12 @@ BEGIN
     -- Chat turns are cited as turn:<id>:user and turn:<id>:assistant.
     v_keys := v_keys || ARRAY(SELECT 'turn:' || t || ':' || r
                                 FROM unnest(v_turns) t, unnest(ARRAY['user', 'assistant']) r);
+    -- The characters whose user-wide summaries were built over these sessions' words: a
+    -- session's erase removes them too, to be summarised again from what is left.
+    SELECT coalesce(array_agg(DISTINCT c), '{}') INTO v_derived FROM (
+        SELECT character_id AS c FROM turns WHERE id = ANY(v_turns)
+        UNION SELECT character_id FROM memory_messages WHERE id = ANY(v_mm)
+        UNION SELECT unnest(p_characters)) x WHERE c IS NOT NULL;
 
     SELECT coalesce(array_agg(DISTINCT scope), '{}') INTO v_scopes FROM (
         SELECT kvmem_scope_key(user_id, character_id, session_id) AS scope
@@ -113,7 +134,8 @@ BEGIN
         UNION
         SELECT kvmem_scope_key(user_id, character_id, session_id)
           FROM session_kv
-         WHERE session_id = ANY(p_sessions) OR character_id = ANY(p_characters)
+         WHERE session_id = ANY(p_sessions)
+            OR (character_id = ANY(p_characters) AND user_id = ANY(p_users))
             OR (p_whole_user AND user_id = ANY(p_users))
     ) x;
     INSERT INTO erased_scopes (scope)
@@ -131,7 +153,12 @@ BEGIN
     DELETE FROM events
      WHERE session_id = ANY(p_sessions) OR turn_id = ANY(v_turns)
         OR detail->>'user_id' = ANY(p_users)
-        OR detail->>'character_id' = ANY(p_characters::text[]);
+        OR (detail->>'character_id' = ANY(p_characters::text[])
+            AND (p_kind = 'character' OR detail->>'user_id' = ANY(p_users)
+                 OR (NOT detail ? 'user_id'
+                     AND EXISTS (SELECT 1 FROM user_characters uc
+                                  WHERE uc.id::text = detail->>'character_id'
+                                    AND NOT uc.public))));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('events', n);
     DELETE FROM facts WHERE session_id = ANY(p_sessions);
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('facts', n);
@@ -147,7 +174,8 @@ BEGIN
     DELETE FROM session_locks WHERE session_id = ANY(p_sessions);
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('session_locks', n);
     DELETE FROM session_kv
-     WHERE session_id = ANY(p_sessions) OR character_id = ANY(p_characters)
+     WHERE session_id = ANY(p_sessions)
+        OR (character_id = ANY(p_characters) AND user_id = ANY(p_users))
         OR (p_whole_user AND user_id = ANY(p_users));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('session_kv', n);
     DELETE FROM turns WHERE id = ANY(v_turns);
@@ -163,9 +191,14 @@ BEGIN
        AND (p_whole_user OR character_id = ANY(p_characters) OR source_message_ids && v_keys
             OR closed_by_message_id = ANY(v_keys));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('todos', n);
+    -- Queued lane work carrying these words: an ingest of their dialogue, an in-chat
+    -- remember (its source turn), a reply's memory line (its message), a "remember this
+    -- about" (its session).
     DELETE FROM memory_jobs
      WHERE user_id = ANY(p_users)
-       AND (p_whole_user OR character_id = ANY(p_characters) OR memory_message_id = ANY(v_mm));
+       AND (p_whole_user OR character_id = ANY(p_characters) OR memory_message_id = ANY(v_mm)
+            OR payload->>'source' = ANY(v_keys) OR payload->>'message_id' = ANY(v_keys)
+            OR payload->>'session_id' = ANY(p_sessions));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('memory_jobs', n);
     DELETE FROM memory_messages WHERE id = ANY(v_mm);
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('memory_messages', n);
@@ -180,26 +213,40 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('memory_lexicon', n);
         DELETE FROM memory_lexicon_users WHERE user_id = ANY(p_users);
         DELETE FROM memory_speakers WHERE user_id = ANY(p_users);
+        DELETE FROM api_keys WHERE user_id = ANY(p_users);
+        GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('api_keys', n);
     ELSE
         PERFORM kvmem_erase_relex(p_users);
+        -- The rendered memory blob holds remembered texts that may be gone now: it is
+        -- rendered again on the next remember or forget.
+        DELETE FROM memory_blobs WHERE user_id = ANY(p_users);
+        GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('memory_blobs', n);
+        -- Aliases name entities of the user's facts; those no memory left names go.
+        DELETE FROM memory_entity_aliases a
+         WHERE a.user_id = ANY(p_users)
+           AND NOT EXISTS (SELECT 1 FROM memories m
+                            WHERE m.user_id = a.user_id
+                              AND (a.alias_ref = ANY(m.entity_refs)
+                                   OR a.canonical_ref = ANY(m.entity_refs)));
+        GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('memory_entity_aliases', n);
     END IF;
 
     -- Summaries: the characters' own, and the user-wide ones built over them (rebuilt
     -- from what is left).
     DELETE FROM rolling_summaries
-     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(p_characters));
+     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(v_derived));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('rolling_summaries', n);
     DELETE FROM session_summaries
-     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(p_characters));
+     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(v_derived));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('session_summaries', n);
     DELETE FROM summary_jobs
-     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(p_characters));
+     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(v_derived));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('summary_jobs', n);
     DELETE FROM summary_sessions
-     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(p_characters));
+     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(v_derived));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('summary_sessions', n);
     DELETE FROM session_state
-     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(p_characters));
+     WHERE user_id = ANY(p_users) AND (p_whole_user OR character_id = ANY(v_derived));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('session_state', n);
     DELETE FROM summary_spine WHERE user_id = ANY(p_users);
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('summary_spine', n);
@@ -213,8 +260,12 @@ BEGIN
         OR scope = ANY(ARRAY(SELECT 'guild:' || g FROM unnest(v_guilds) g));
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('daily_summaries', n);
 
+    -- The character rows: the user's own on a user's erase (never a public one they only
+    -- talked to), the character itself on its own erase; a user's part of a public
+    -- character leaves the character.
     DELETE FROM user_characters
-     WHERE id = ANY(p_characters) AND (p_whole_user OR p_kind = 'character');
+     WHERE id = ANY(p_characters)
+       AND ((p_whole_user AND user_id = ANY(p_users)) OR p_kind = 'character');
     GET DIAGNOSTICS n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('user_characters', n);
 
     IF p_audit THEN
@@ -256,6 +307,11 @@ LANGUAGE sql AS $$
     SELECT kvmem_erase_sets('character', kvmem_erase_subject('character', p_character::text),
         ARRAY(SELECT user_id FROM user_characters WHERE id = p_character
               UNION SELECT user_id FROM turns WHERE character_id = p_character
+              UNION SELECT user_id FROM session_kv WHERE character_id = p_character
+              UNION SELECT user_id FROM memory_messages WHERE character_id = p_character
+              UNION SELECT user_id FROM memories WHERE character_id = p_character
+              UNION SELECT user_id FROM todos WHERE character_id = p_character
+              UNION SELECT user_id FROM session_state WHERE character_id = p_character
               UNION SELECT unnest(p_users)),
         ARRAY[p_character],
         ARRAY(SELECT session_id FROM turns WHERE character_id = p_character
@@ -273,71 +329,148 @@ BEGIN
 END
 $$;
 
+-- One user's part of a character (a public character they talked to): their sessions with
+-- it and everything kept or derived from them; the character and every other user's part
+-- stay.
+CREATE OR REPLACE FUNCTION kvmem_erase_user_character(p_user text, p_character bigint)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_user IS NULL OR btrim(p_user) = '' OR p_character IS NULL THEN
+        RAISE EXCEPTION 'kvmem_erase_user_character: user and character are required'
+              USING ERRCODE = '22023';
+    END IF;
+    RETURN kvmem_erase_sets('user_character',
+        kvmem_erase_subject('user_character', p_user || '/' || p_character),
+        ARRAY[p_user], ARRAY[p_character],
+        ARRAY(SELECT session_id FROM turns WHERE user_id = p_user AND character_id = p_character
+              UNION SELECT session_id FROM session_kv
+                     WHERE user_id = p_user AND character_id = p_character),
+        false, true);
+END
+$$;
+
+-- The sessions a front-end shows as one chat with p_session: those branched from it (a
+-- regenerate or an edit copies its dialogue up to a turn into a new session), those it was
+-- branched from, and theirs, to the end. Their copies hold its words.
+CREATE OR REPLACE FUNCTION kvmem_session_family(p_session text) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_all  text[] := ARRAY[p_session];
+    v_next text[];
+BEGIN
+    LOOP
+        SELECT coalesce(array_agg(DISTINCT s), '{}') INTO v_next FROM (
+            SELECT b.session_id AS s FROM turns src JOIN turns b ON b.copied_from = src.id
+             WHERE src.session_id = ANY(v_all) AND b.origin = 'branch'
+            UNION
+            SELECT src.session_id FROM turns b JOIN turns src ON src.id = b.copied_from
+             WHERE b.session_id = ANY(v_all) AND b.origin = 'branch'
+        ) x WHERE NOT s = ANY(v_all);
+        EXIT WHEN cardinality(v_next) = 0;
+        v_all := v_all || v_next;
+    END LOOP;
+    RETURN v_all;
+END
+$$;
+
 -- p_user: only that user's part of the session (an imported session id is the user's own
 -- name for it, and two users may use the same one); a chat session another user also
--- has turns in is refused.
+-- has turns in is refused. The session's branches go with it (kvmem_session_family).
 CREATE OR REPLACE FUNCTION kvmem_erase_session(p_session text, p_user text DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_sessions text[];
 BEGIN
     IF p_session IS NULL OR btrim(p_session) = '' THEN
         RAISE EXCEPTION 'kvmem_erase_session: session_id is empty' USING ERRCODE = '22023';
     END IF;
+    v_sessions := kvmem_session_family(p_session);
     IF p_user IS NOT NULL AND EXISTS (SELECT 1 FROM turns
-                                       WHERE session_id = p_session AND user_id <> p_user) THEN
+                                       WHERE session_id = ANY(v_sessions) AND user_id <> p_user) THEN
         RAISE EXCEPTION 'kvmem_erase_session: session % is not only user %''s', p_session, p_user
               USING ERRCODE = '22023';
     END IF;
     RETURN kvmem_erase_sets('session', kvmem_erase_subject('session', p_session),
         CASE WHEN p_user IS NOT NULL THEN ARRAY[p_user] ELSE
-        ARRAY(SELECT user_id FROM turns WHERE session_id = p_session
-              UNION SELECT user_id FROM session_kv WHERE session_id = p_session
-              UNION SELECT user_id FROM memory_messages WHERE session_id = p_session) END,
-        '{}'::bigint[], ARRAY[p_session], false, true);
+        ARRAY(SELECT user_id FROM turns WHERE session_id = ANY(v_sessions)
+              UNION SELECT user_id FROM session_kv WHERE session_id = ANY(v_sessions)
+              UNION SELECT user_id FROM memory_messages WHERE session_id = ANY(v_sessions)) END,
+        '{}'::bigint[], v_sessions, false, true);
 END
 $$;
 
 -- A lane job that was running when its user, character or session was erased ends here:
--- whatever it wrote after the erase goes too. Erasures of the last p_within_secs seconds
--- (a lane's stale-job age) that name the job's user or character are done again, without
--- a second audit event; after a session's erase, the user's memories and todos that cite
--- only dialogue no longer there go. Returns the number of erasures repeated.
+-- whatever it wrote after the erase goes too, and nothing else. What it wrote is told by
+-- where it came from, not by when: memories and todos citing only dialogue that no longer
+-- exists, the rendered blob and the entity aliases no memory names (both derived, rebuilt
+-- later), the user's lexicon recounted from the dialogue left. Rows of a user id reused
+-- after the erase cite the new dialogue, or nothing, and stay. Only when an erase naming
+-- the job's user, character or any session of the user happened in the last p_within_secs
+-- seconds (a lane's stale-job age). Returns 1 when it cleaned up, else 0.
 CREATE OR REPLACE FUNCTION kvmem_erase_late(p_user text, p_character bigint, p_within_secs double precision)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_user_subject text := kvmem_erase_subject('user', p_user);
-    v_char_subject text := kvmem_erase_subject('character', coalesce(p_character::text, ''));
-    v_redone integer := 0;
+    v_orphans bigint[];
 BEGIN
-    IF EXISTS (SELECT 1 FROM events
-                WHERE kind = 'erased' AND detail->>'subject' = v_user_subject
-                  AND created_at > now() - make_interval(secs => p_within_secs)) THEN
-        PERFORM kvmem_erase_user_sets(p_user, false);
-        v_redone := v_redone + 1;
-    ELSIF p_character IS NOT NULL AND EXISTS (
-               SELECT 1 FROM events
-                WHERE kind = 'erased' AND detail->>'subject' = v_char_subject
-                  AND created_at > now() - make_interval(secs => p_within_secs)) THEN
-        PERFORM kvmem_erase_character_sets(p_character, ARRAY[p_user], false);
-        v_redone := v_redone + 1;
-    ELSIF EXISTS (SELECT 1 FROM events
-                   WHERE kind = 'erased' AND detail->>'subject' LIKE 'session:%'
-                     AND created_at > now() - make_interval(secs => p_within_secs)) THEN
-        -- A session of the user was erased: the job cannot name it any more (its message
-        -- is gone), so what cites only dialogue that no longer exists goes.
-        DELETE FROM memories m
-         WHERE m.user_id = p_user AND cardinality(m.source_message_ids) > 0
-           AND NOT EXISTS (SELECT 1 FROM memory_messages mm
-                            WHERE mm.user_id = p_user
-                              AND mm.message_id = ANY(m.source_message_ids));
-        DELETE FROM todos t
-         WHERE t.user_id = p_user AND cardinality(t.source_message_ids) > 0
-           AND NOT EXISTS (SELECT 1 FROM memory_messages mm
-                            WHERE mm.user_id = p_user
-                              AND mm.message_id = ANY(t.source_message_ids));
-        v_redone := v_redone + 1;
+    IF NOT EXISTS (
+        SELECT 1 FROM events
+         WHERE kind = 'erased' AND created_at > now() - make_interval(secs => p_within_secs)
+           AND (detail->>'subject' IN (kvmem_erase_subject('user', p_user),
+                                       kvmem_erase_subject('character', coalesce(p_character::text, '')))
+                OR detail->>'subject' LIKE 'session:%')) THEN
+        RETURN 0;
     END IF;
-    RETURN v_redone;
+    -- Written within the window (a memory of old dialogue whose turns retention removed
+    -- long ago is not the job's).
+    DELETE FROM memories m
+     WHERE m.user_id = p_user AND cardinality(m.source_message_ids) > 0
+       AND m.created_at > now() - make_interval(secs => p_within_secs)
+       AND NOT EXISTS (SELECT 1 FROM memory_messages mm
+                        WHERE mm.user_id = p_user AND mm.message_id = ANY(m.source_message_ids))
+       AND NOT EXISTS (SELECT 1 FROM turns t
+                        WHERE t.user_id = p_user
+                          AND ('turn:' || t.id || ':user' = ANY(m.source_message_ids)
+                               OR 'turn:' || t.id || ':assistant' = ANY(m.source_message_ids)));
+    DELETE FROM todos d
+     WHERE d.user_id = p_user AND cardinality(d.source_message_ids) > 0
+       AND d.created_at > now() - make_interval(secs => p_within_secs)
+       AND NOT EXISTS (SELECT 1 FROM memory_messages mm
+                        WHERE mm.user_id = p_user AND mm.message_id = ANY(d.source_message_ids))
+       AND NOT EXISTS (SELECT 1 FROM turns t
+                        WHERE t.user_id = p_user
+                          AND ('turn:' || t.id || ':user' = ANY(d.source_message_ids)
+                               OR 'turn:' || t.id || ':assistant' = ANY(d.source_message_ids)));
+    DELETE FROM memory_blobs WHERE user_id = p_user;
+    DELETE FROM memory_entity_aliases a
+     WHERE a.user_id = p_user
+       AND NOT EXISTS (SELECT 1 FROM memories m
+                        WHERE m.user_id = p_user
+                          AND (a.alias_ref = ANY(m.entity_refs) OR a.canonical_ref = ANY(m.entity_refs)));
+    -- Summaries of a character the user has no dialogue with any more were built from
+    -- erased words; so were the user-wide ones when no dialogue of the user is left.
+    SELECT coalesce(array_agg(DISTINCT c), '{}') INTO v_orphans FROM (
+        SELECT character_id AS c FROM session_state WHERE user_id = p_user
+        UNION SELECT character_id FROM summary_sessions WHERE user_id = p_user
+        UNION SELECT character_id FROM summary_jobs WHERE user_id = p_user) x
+     WHERE c IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM memory_messages mm WHERE mm.user_id = p_user AND mm.character_id = c)
+       AND NOT EXISTS (SELECT 1 FROM turns t WHERE t.user_id = p_user AND t.character_id = c);
+    DELETE FROM rolling_summaries WHERE user_id = p_user AND character_id = ANY(v_orphans);
+    DELETE FROM session_summaries WHERE user_id = p_user AND character_id = ANY(v_orphans);
+    DELETE FROM summary_jobs WHERE user_id = p_user AND character_id = ANY(v_orphans);
+    DELETE FROM summary_sessions WHERE user_id = p_user AND character_id = ANY(v_orphans);
+    DELETE FROM session_state WHERE user_id = p_user AND character_id = ANY(v_orphans);
+    IF NOT EXISTS (SELECT 1 FROM memory_messages WHERE user_id = p_user)
+       AND NOT EXISTS (SELECT 1 FROM turns WHERE user_id = p_user) THEN
+        DELETE FROM summary_spine WHERE user_id = p_user;
+        DELETE FROM historical_summaries WHERE user_id = p_user;
+        DELETE FROM user_contexts WHERE user_id = p_user;
+        DELETE FROM daily_summaries WHERE scope = 'user:' || p_user;
+    END IF;
+    PERFORM kvmem_erase_relex(ARRAY[p_user]);
+    RETURN 1;
 END
 $$;

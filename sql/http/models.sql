@@ -1,7 +1,7 @@
--- The characters a user may chat with, as /v1/models lists them: the user's own, oldest
--- first. Characters belong to one user (user_characters.user_id); no other user's ever
--- appears here.
-SELECT id, name, extract(epoch FROM created_at)::bigint AS created
+-- The characters a user may chat with, as /v1/models lists them: the public ones and the
+-- user's own ($1; null: the public ones only), oldest first. No other user's own character
+-- ever appears here.
+SELECT id, name, extract(epoch FROM created_at)::bigint AS created, public
   FROM user_characters
- WHERE user_id = $1
+ WHERE public OR user_id = $1
  ORDER BY id

@@ -1,4 +1,5 @@
--- Seed 000's HUD query, scoped by character AND user: one user never sees another's character.
+-- Seed 000's HUD query, scoped by character AND user: one user never sees another's own
+-- character; a public one is everyone's (its stats are the character's, not a user's).
 -- $1 character id, $2 user id.
 SELECT uc.name,
        uc.persona,
@@ -16,4 +17,4 @@ SELECT uc.name,
        COALESCE(e.equipment_name, 'Unarmed') AS equipment
   FROM user_characters uc
   LEFT JOIN equipment e ON uc.primary_equipment_id = e.id
- WHERE uc.id = $1 AND uc.user_id = $2
+ WHERE uc.id = $1 AND (uc.user_id = $2 OR uc.public)

@@ -40,6 +40,27 @@ BEGIN
 END;
 $$;
 
+-- An in-chat "remember that …" (sql/queue/memory_ops.sql): the same job, citing the turn
+-- that asked (`turn:<id>:user`), so the memory is its dialogue's and goes with its
+-- session's or character's erase.
+CREATE OR REPLACE FUNCTION kvmem_remember_from(
+    p_user text, p_character bigint, p_text text, p_source text
+) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    job bigint;
+BEGIN
+    PERFORM kvmem_memory_check(p_user, p_text);
+    INSERT INTO memory_jobs (user_id, character_id, kind, payload)
+    VALUES (p_user, p_character, 'remember',
+            jsonb_build_object('text', btrim(p_text), 'entity_refs', '{}'::text[],
+                               'source', p_source))
+    RETURNING id INTO job;
+    PERFORM pg_notify('kvmem_memory', job::text);
+    RETURN job;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION kvmem_forget(
     p_user text, p_character bigint, p_text text, p_guild text DEFAULT NULL
 ) RETURNS bigint

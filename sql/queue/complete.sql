@@ -1,4 +1,5 @@
--- Mark running turns done with their replies and chain hashes, add the user and assistant messages, record
+-- Mark running turns done with their replies (the chain hash is the trigger's,
+-- sql/api/chain.sql, the same for a previous release's completion), add the user and assistant messages, record
 -- the events and announce each on kvmem_turn_done (delivered at commit). Runs only for
 -- the turns fence_many.sql kept.
 -- $1 JSON array of {turn_id, session_id, fencing_token, message, reply}, $2 the fenced
@@ -10,17 +11,8 @@ WITH input AS (
 ), done AS (
     UPDATE turns t
        SET state = 'done', reply = i.reply, error = NULL, finished_at = now(),
-           done_token = i.fencing_token,
-           -- The dialogue's chain hash through this turn; none after a turn without one.
-           chain_hash = CASE WHEN p.id IS NULL THEN kvmem_chain_hash(NULL, t.message, i.reply)
-                             WHEN p.chain_hash IS NULL THEN NULL
-                             ELSE kvmem_chain_hash(p.chain_hash, t.message, i.reply) END
+           done_token = i.fencing_token
       FROM input i
-      -- The session's previous done turn: one running turn per session, so it is settled.
-      LEFT JOIN LATERAL (SELECT q.id, q.chain_hash FROM turns q
-                          WHERE q.session_id = i.session_id AND q.state = 'done'
-                            AND q.id < i.turn_id
-                          ORDER BY q.id DESC LIMIT 1) p ON true
      -- By primary key only (see claim.sql: the text comparison keeps the planner off the
      -- partial pending index).
      WHERE t.id = i.turn_id AND t.state::text = 'running'

@@ -5,7 +5,8 @@
 -- character and session come from the turn row, never from the caller. The texts were
 -- checked before (lengths), so the API functions cannot fail the batch.
 SELECT CASE o.kind
-         WHEN 'remember' THEN kvmem_remember(t.user_id, t.character_id, o.text)
+         WHEN 'remember' THEN kvmem_remember_from(t.user_id, t.character_id, o.text,
+                                                  'turn:' || t.id || ':user')
          WHEN 'forget' THEN kvmem_forget(t.user_id, t.character_id, o.text)
          WHEN 'about' THEN kvmem_remember_about(t.user_id, t.character_id, o.text,
                                                 t.session_id, t.id)

@@ -89,7 +89,7 @@ impl Identity {
 }
 
 /// Every row of every base table of the schema, as JSON text, by table.
-async fn catalog(pool: &PgPool) -> BTreeMap<String, Vec<Value>> {
+pub(super) async fn catalog(pool: &PgPool) -> BTreeMap<String, Vec<Value>> {
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables
           WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'
@@ -182,7 +182,7 @@ async fn streamed_turn(base: &str, user: &str, session: &str, ch: i64, text: &st
 }
 
 /// Whether every queued lane job and turn is done (the lanes run in the worker's idle time).
-async fn quiet(pool: &PgPool) -> bool {
+pub(super) async fn quiet(pool: &PgPool) -> bool {
     sqlx::query_scalar(
         "SELECT NOT EXISTS (SELECT 1 FROM turns WHERE state IN ('queued', 'running'))
             AND NOT EXISTS (SELECT 1 FROM memory_jobs WHERE state IN ('queued', 'running'))

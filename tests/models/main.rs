@@ -10,6 +10,7 @@ mod cold_warm;
 mod digest;
 mod engine;
 mod erase;
+mod erase_parts;
 mod extract;
 mod fencing;
 mod frontend;

@@ -6,8 +6,11 @@
 mod common;
 
 mod chaos;
+mod characters;
 mod conversations;
 mod erase;
+mod erase_races;
+mod identity;
 mod interfaces;
 mod object_store;
 mod pg_restart;

@@ -303,3 +303,48 @@ fn every_help_says_whether_the_command_writes() {
     }
     assert!(checked >= 25, "only {checked} help pages found");
 }
+
+/// A previous release's worker completes turns with its own SQL, which never sets
+/// `chain_hash`; under this schema the database sets it, so the chat is still matched by
+/// its history. Checked against the chain computed in Rust from the dialogue.
+#[sqlx::test(migrations = false)]
+async fn a_previous_release_completion_still_chains_the_dialogue(pool: PgPool) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u-old", "Ada").await;
+    let exchanges = [
+        ("hello there", "hi, traveller"),
+        ("  where now? ", "north\n"),
+    ];
+    for (i, (message, reply)) in exchanges.iter().enumerate() {
+        let id = kvmem::queue::enqueue(&pool, "s-old", "u-old", ch, message, None)
+            .await
+            .unwrap();
+        let claimed = kvmem::queue::claim(&pool, "old-worker", 30_000, &["live".into()])
+            .await
+            .unwrap()
+            .expect("the queued turn is claimable");
+        assert_eq!(claimed.id, id, "exchange {i}");
+        let input = serde_json::json!([{
+            "turn_id": id.0, "session_id": "s-old", "fencing_token": claimed.fencing_token,
+            "message": message, "reply": reply,
+        }]);
+        let done: Vec<(i64, String)> =
+            sqlx::query_as(include_str!("../fixtures/previous_release_complete.sql"))
+                .bind(input)
+                .bind(vec![id.0])
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(done.len(), 1, "the old completion marks the turn done");
+    }
+    let stored: Vec<Option<Vec<u8>>> =
+        sqlx::query_scalar("SELECT chain_hash FROM turns WHERE session_id = 's-old' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let expected = kvmem::turn::chain::hashes(exchanges);
+    assert_eq!(stored.len(), 2);
+    for (i, (got, want)) in stored.iter().zip(&expected).enumerate() {
+        assert_eq!(got.as_ref(), Some(want), "turn {i}'s chain hash");
+    }
+}

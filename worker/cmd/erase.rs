@@ -16,11 +16,12 @@ use crate::{db, metrics, system};
 #[command(group(clap::ArgGroup::new("what").required(true).multiple(true)
     .args(["user", "character", "session"])))]
 pub struct EraseArgs {
-    /// The user: alone, the whole user; with --session, only that user's part of it.
+    /// The user: alone, the whole user; with --session or --character, only that user's
+    /// part of it.
     #[arg(long)]
     pub user: Option<String>,
-    /// One character (and its sessions).
-    #[arg(long, conflicts_with_all = ["user", "session"])]
+    /// One character (and its sessions, every user's); with --user, that user's part of it.
+    #[arg(long, conflicts_with = "session")]
     pub character: Option<i64>,
     /// One session.
     #[arg(long)]
@@ -33,7 +34,11 @@ pub struct EraseArgs {
 impl EraseArgs {
     fn subject(&self) -> Subject {
         match (&self.user, self.character, &self.session) {
-            (_, Some(c), _) => Subject::Character(c),
+            (Some(u), Some(c), _) => Subject::UserCharacter {
+                user: u.clone(),
+                character: c,
+            },
+            (None, Some(c), _) => Subject::Character(c),
             (user, None, Some(s)) => Subject::Session {
                 session: s.clone(),
                 user: user.clone(),

@@ -42,6 +42,22 @@ pub enum SystemMessage {
     Persona,
 }
 
+/// Where `kvmem serve` takes a request's user from (`http.identity`,
+/// docs/http-api.md#identity).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityMode {
+    /// The caller is a trusted backend: the body's or query's `user`, or the
+    /// `http.user_header` header; sources that disagree are refused.
+    #[default]
+    Request,
+    /// A trusted proxy sets `http.user_header`, the only source; another `user` is refused.
+    Header,
+    /// Per-user API keys (`kvmem keys create`): a key is its user; the service token
+    /// still serves a backend under `request`'s rules.
+    Key,
+}
+
 /// Where snapshots live.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]

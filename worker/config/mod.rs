@@ -16,7 +16,7 @@ mod settings;
 mod validate;
 
 pub use error::ConfigError;
-pub use kinds::{KvType, LogFormat, MemoryRanker, SnapshotStoreKind, SystemMessage};
+pub use kinds::{IdentityMode, KvType, LogFormat, MemoryRanker, SnapshotStoreKind, SystemMessage};
 pub use settings::{
     DbSettings, EngineSettings, HttpSettings, LogSettings, MemorySettings, QueueSettings, Settings,
     SnapshotSettings, SummarySettings, TurnSettings,

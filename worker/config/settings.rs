@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::kinds::{flag, KvType, LogFormat, MemoryRanker, SnapshotStoreKind, SystemMessage};
+use super::kinds::{
+    flag, IdentityMode, KvType, LogFormat, MemoryRanker, SnapshotStoreKind, SystemMessage,
+};
 
 /// Everything the worker, the CLI and the tests can tune.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -182,6 +184,21 @@ pub struct HttpSettings {
     /// forwards its own, e.g. Open WebUI's `x-openwebui-user-id`).
     #[serde(default = "default_user_header")]
     pub user_header: String,
+    /// A front-end's background task (a chat title, tags, follow-up suggestions) starts its
+    /// user message with this; such a request is refused, never a turn or a memory. "":
+    /// no marker.
+    #[serde(default = "default_task_marker")]
+    pub task_marker: String,
+    /// Where a request's user comes from: `request`, `header` or `key`.
+    #[serde(default)]
+    pub identity: IdentityMode,
+    /// Limits on the history a chat request without a known session imports.
+    #[serde(default = "default_max_history_messages")]
+    pub max_history_messages: usize,
+    #[serde(default = "default_max_history_chars")]
+    pub max_history_chars: usize,
+    #[serde(default = "default_max_message_chars")]
+    pub max_message_chars: usize,
     /// A chat request's system message: ignored, or taken as the character's persona.
     #[serde(default)]
     pub system_message: SystemMessage,
@@ -194,6 +211,22 @@ pub struct HttpSettings {
 
 fn default_retry_window_ms() -> u64 {
     120_000
+}
+
+fn default_task_marker() -> String {
+    "### Task:".into()
+}
+
+fn default_max_history_messages() -> usize {
+    200
+}
+
+fn default_max_history_chars() -> usize {
+    200_000
+}
+
+fn default_max_message_chars() -> usize {
+    32_000
 }
 
 fn default_user_header() -> String {

@@ -31,6 +31,18 @@ pub(super) struct OwnedTurnRow {
     finish_reason: Option<String>,
 }
 
+/// A turn that is no longer there: erased (its user, character or session) while the
+/// request waited. Final: a retry would queue the request again, and with it bring back
+/// the history the erase removed.
+pub(super) fn erased(id: TurnId) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        format!("turn {id} is gone: it was erased while this request waited"),
+    )
+    .final_answer()
+}
+
 impl OwnedTurnRow {
     /// The turn, if it belongs to `user` (another user's turn reads as no turn).
     pub(super) async fn fetch(

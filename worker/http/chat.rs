@@ -18,9 +18,10 @@ use tokio::sync::broadcast;
 use crate::config::SystemMessage;
 use crate::queue::{self, Conversation, NewTurn, Repeat, TurnId};
 
-use super::answer::{delivered, fingerprint, OwnedTurnRow};
+use super::answer::{delivered, erased, fingerprint, OwnedTurnRow};
 use super::conversation::{self as conv, Dialogue};
 use super::error::ApiError;
+use super::identity::Caller;
 use super::state::{header, AppState};
 
 #[derive(Deserialize)]
@@ -79,10 +80,11 @@ struct Asked {
 /// turn its first attempt queued ([`enqueue`]). The session is named in `x-kvmem-session`.
 pub(super) async fn chat(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let asked = read(&state, &headers, &body).await?;
+    let asked = read(&state, &caller, &headers, &body).await?;
     if let Some(system) = asked.fields.system.as_deref() {
         if state.settings.http.system_message == SystemMessage::Persona {
             super::models::set_persona(&state.pool, asked.character, &asked.user, system).await?;
@@ -116,22 +118,22 @@ pub(super) async fn chat(
     Ok(response)
 }
 
-async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Asked, ApiError> {
+async fn read(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Asked, ApiError> {
     let text = std::str::from_utf8(body)
         .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
     let req: ChatRequest = serde_json::from_str(text)
         .map_err(|e| ApiError::bad_request(format!("invalid request JSON: {e}")))?;
     let fields = super::fields::read(&serde_json::from_str(text).unwrap_or_default())?;
     let session = req.session_id.or_else(|| header(headers, "x-session-id"));
-    let user_header = &state.settings.http.user_header;
-    let user = req
-        .user
-        .or_else(|| header(headers, user_header))
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "missing user id (body `user` or header {user_header})"
-            ))
-        })?;
+    let key = header(headers, "idempotency-key");
+    bounded_id("session_id", session.as_deref())?;
+    bounded_id("Idempotency-Key", key.as_deref())?;
+    let user = caller.user(req.user.as_deref())?;
     // `character_id` (or its header) wins; else `model` names one of the user's characters.
     let character =
         match (req.character_id, header(headers, "x-character-id")) {
@@ -146,7 +148,11 @@ async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Aske
                 )),
             },
         };
-    let dialogue = conv::read(req.messages.iter().map(|m| (m.role.as_str(), &m.content)))?;
+    let dialogue = conv::read(
+        req.messages.iter().map(|m| (m.role.as_str(), &m.content)),
+        state.settings.http.max_message_chars,
+    )?;
+    background_task(&state.settings.http.task_marker, &dialogue.last)?;
     Ok(Asked {
         session,
         conversation: conv::conversation_name(state, headers),
@@ -155,11 +161,54 @@ async fn read(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<Aske
         dialogue,
         model: req.model,
         timeout: timeout(state, headers)?,
-        key: header(headers, "idempotency-key"),
+        key,
         stream: req.stream,
         include_usage: req.stream_options.is_some_and(|o| o.include_usage),
         fields,
     })
+}
+
+/// A front-end's background task (a title, tags, follow-ups for a chat) is not a line of
+/// the chat: answering it in character would add a session and a memory per chat. It is
+/// refused, finally, before the character is even looked up.
+fn background_task(marker: &str, last: &str) -> Result<(), ApiError> {
+    if marker.is_empty() || !last.trim_start().starts_with(marker) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        "background_task",
+        format!(
+            "a front-end's background task (its message starts with {marker:?}) is not a chat \
+             turn; kvmem refuses it so it adds no session or memory. Point the front-end's \
+             task model elsewhere or turn the task off (docs/http-api.md#front-ends)"
+        ),
+    )
+    .final_answer())
+}
+
+/// The longest id a request may give (a session, a key, a conversation): the queue's
+/// B-tree indexes hold far longer, so a longer one is a client's bug, answered 400.
+pub(super) const MAX_ID_BYTES: usize = crate::keys::MAX_USER_BYTES;
+
+pub(super) fn bounded_id(what: &str, id: Option<&str>) -> Result<(), ApiError> {
+    match id {
+        Some(id) if id.len() > MAX_ID_BYTES => Err(ApiError::bad_request(format!(
+            "{what} is {} bytes; the limit is {MAX_ID_BYTES}",
+            id.len()
+        ))),
+        Some(id) if id.chars().any(char::is_control) => Err(ApiError::bad_request(format!(
+            "{what} holds a control character"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn history_limits(state: &AppState) -> queue::HistoryLimits {
+    queue::HistoryLimits {
+        messages: state.settings.http.max_history_messages,
+        chars: state.settings.http.max_history_chars,
+    }
 }
 
 fn timeout(state: &AppState, headers: &HeaderMap) -> Result<Duration, ApiError> {
@@ -213,6 +262,7 @@ async fn enqueue(
                 history: &asked.dialogue.history,
                 idempotency_key: asked.key.as_deref(),
                 options: asked.fields.options.as_ref(),
+                limits: history_limits(state),
             };
             let placed = conv::enqueue_matched(state, &c, repeat).await?;
             return Ok((placed.turn, placed.session_id, conv::how(&placed.found)));
@@ -245,7 +295,8 @@ async fn enqueue(
         window_ms,
     };
     let (id, again) = if named {
-        queue::enqueue_named(&state.pool, &turn, &asked.dialogue.history, repeat).await?
+        let limits = history_limits(state);
+        queue::enqueue_named(&state.pool, &turn, &asked.dialogue.history, limits, repeat).await?
     } else {
         queue::enqueue_repeatable(&state.pool, &turn, repeat).await?
     };
@@ -284,11 +335,12 @@ fn is_retry(headers: &HeaderMap) -> bool {
         .is_some_and(|n| n > 0)
 }
 
-async fn turn_state(pool: &PgPool, id: TurnId) -> Result<String, sqlx::Error> {
+async fn turn_state(pool: &PgPool, id: TurnId) -> Result<String, ApiError> {
     sqlx::query_scalar(include_str!("../../sql/http/turn_state.sql"))
         .bind(id.0)
-        .fetch_one(pool)
-        .await
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| erased(id))
 }
 
 async fn wait_done(
@@ -343,7 +395,7 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let row = OwnedTurnRow::fetch(&state.pool, id, user)
         .await?
-        .ok_or(sqlx::Error::RowNotFound)?;
+        .ok_or_else(|| erased(id))?;
     delivered(&state.pool, id).await?;
     if let Some(e) = row.error(id) {
         return Err(e);

@@ -29,6 +29,7 @@ pub(super) struct Dialogue {
 /// does not continue a reply the client began.
 pub(super) fn read<'a>(
     messages: impl Iterator<Item = (&'a str, &'a Value)>,
+    max_chars: usize,
 ) -> Result<Dialogue, ApiError> {
     let mut turns: Vec<(bool, String)> = Vec::new();
     for (i, (role, content)) in messages.enumerate() {
@@ -42,7 +43,23 @@ pub(super) fn read<'a>(
                 )))
             }
         };
-        turns.push((is_user, text(i, content, is_user)?));
+        let text = text(i, content, is_user)?;
+        let chars = text.chars().count();
+        if chars > max_chars {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}] has {chars} characters; the limit is {max_chars} \
+                 (http.max_message_chars)"
+            )));
+        }
+        if text
+            .chars()
+            .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+        {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}] holds a control character (only tab, CR and LF are allowed)"
+            )));
+        }
+        turns.push((is_user, text));
     }
     let end = turns
         .iter()
@@ -199,7 +216,7 @@ mod tests {
                 )
             })
             .collect();
-        read(pairs.iter().map(|(r, c)| (r.as_str(), c)))
+        read(pairs.iter().map(|(r, c)| (r.as_str(), c)), 32_000)
     }
 
     fn pair(m: &str, r: &str) -> (String, String) {

@@ -3,16 +3,17 @@
 //! or session of another user answers as one that does not exist, and nothing is erased.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::state::{header, AppState};
+use super::identity::Caller;
+use super::state::AppState;
 use crate::erase::{self, EraseError, Subject};
 
-/// The request: the user (body `user` or `X-User-Id`), and at most one of a character or a
+/// The request: the user (the caller, [`super::identity`]), and at most one of a character or a
 /// session of theirs. With neither, the whole user is erased.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,15 +28,11 @@ pub(super) struct EraseRequest {
 
 pub(super) async fn erase_route(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     body: Result<Json<EraseRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(req) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let user = req
-        .user
-        .or_else(|| header(&headers, "x-user-id"))
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| ApiError::bad_request("`user` (or X-User-Id) is required"))?;
+    let user = caller.user(req.user.as_deref())?;
     let subject = match (req.character_id, req.session_id) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
@@ -43,13 +40,17 @@ pub(super) async fn erase_route(
             ))
         }
         (Some(c), None) => {
-            if !erase::owns_character(&state.pool, &user, c)
+            if erase::owns_character(&state.pool, &user, c)
                 .await
                 .map_err(db)?
             {
+                Subject::Character(c)
+            } else if erase::is_public(&state.pool, c).await.map_err(db)? {
+                // A public character is everyone's: a user forgets only their part of it.
+                Subject::UserCharacter { user, character: c }
+            } else {
                 return Err(not_found(format!("no character {c} for this user")));
             }
-            Subject::Character(c)
         }
         (None, Some(s)) => {
             if !erase::owns_session(&state.pool, &user, &s)

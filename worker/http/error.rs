@@ -83,6 +83,9 @@ impl IntoResponse for ApiError {
 
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> ApiError {
+        if let QueueError::Invalid(m) = e {
+            return ApiError::bad_request(m);
+        }
         if let QueueError::Db(sqlx::Error::Database(d)) = &e {
             match d.code().as_deref() {
                 Some("22023") | Some("22021") | Some("22P05") => {
@@ -131,6 +134,15 @@ impl From<crate::summary::SummaryError> for ApiError {
                 "server_error",
                 other.to_string(),
             ),
+        }
+    }
+}
+
+impl From<crate::keys::KeyError> for ApiError {
+    fn from(e: crate::keys::KeyError) -> ApiError {
+        match e {
+            crate::keys::KeyError::Invalid(m) => ApiError::bad_request(m),
+            crate::keys::KeyError::Db(e) => ApiError::from(e),
         }
     }
 }

@@ -106,8 +106,15 @@ fn options(body: &Value) -> Result<Option<Value>, ApiError> {
                 .ok_or_else(|| invalid("stop", "must be a string or a list of strings"))?,
             _ => return Err(invalid("stop", "must be a string or a list of strings")),
         };
-        if list.len() > 16 || list.iter().any(String::is_empty) {
-            return Err(invalid("stop", "at most 16 strings, none empty"));
+        if list.len() > 16
+            || list
+                .iter()
+                .any(|s| s.is_empty() || s.chars().count() > MAX_STOP_CHARS)
+        {
+            return Err(invalid(
+                "stop",
+                "at most 16 strings, none empty, each of at most 64 characters",
+            ));
         }
         if !list.is_empty() {
             out.insert("stop".into(), json!(list));
@@ -126,6 +133,10 @@ fn options(body: &Value) -> Result<Option<Value>, ApiError> {
     }
     Ok((!out.is_empty()).then_some(Value::Object(out)))
 }
+
+/// The longest stop string: the worker scans every generated piece for each one, and
+/// kvmem_check_turn_options holds the SQL API to the same bound.
+const MAX_STOP_CHARS: usize = 64;
 
 /// The text of the `system` and `developer` messages, in order.
 fn system(body: &Value) -> Result<Option<String>, ApiError> {

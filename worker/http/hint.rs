@@ -1,7 +1,7 @@
 //! `/v1/rotate-hint`: how full a session's context is, from its last log row and snapshot.
 
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
@@ -10,33 +10,27 @@ use serde_json::json;
 use crate::snapshot::{self, Limits};
 
 use super::error::ApiError;
-use super::state::{header, AppState};
+use super::identity::Caller;
+use super::state::AppState;
 
 #[derive(Deserialize)]
 pub(super) struct HintQuery {
     sid: Option<String>,
-    user: Option<String>,
 }
 
-/// `GET /v1/rotate-hint?sid=…&user=…` (or `X-User-Id`): how full the caller's session's KV
+/// `GET /v1/rotate-hint?sid=…` as the caller ([`super::identity`]): how full the caller's session's KV
 /// is and whether the next turn prunes. Another user's session is answered exactly like a
 /// session that does not exist.
 pub(super) async fn rotate_hint(
     State(state): State<AppState>,
-    headers: HeaderMap,
+    caller: Caller,
     Query(q): Query<HintQuery>,
 ) -> Result<Response, ApiError> {
     let sid = q
         .sid
         .filter(|s| !s.trim().is_empty())
         .ok_or_else(|| ApiError::bad_request("missing query parameter sid"))?;
-    let user = q
-        .user
-        .or_else(|| header(&headers, "x-user-id"))
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request("missing user id (query parameter user or header X-User-Id)")
-        })?;
+    let user = caller.user(None)?;
     let owner: Option<(String, i64)> =
         sqlx::query_as(include_str!("../../sql/http/session_owner.sql"))
             .bind(&sid)

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::error::ApiError;
+use super::identity::Caller;
 use super::state::AppState;
 
 fn memory_service(state: &AppState) -> Result<Arc<crate::memory::MemoryService>, ApiError> {
@@ -25,8 +26,10 @@ fn memory_service(state: &AppState) -> Result<Arc<crate::memory::MemoryService>,
 /// caller's own memories and dialogue, ranked (seed 002's dashboard search).
 pub(super) async fn memory_search(
     State(state): State<AppState>,
-    Query(p): Query<super::memory_api::SearchParams>,
+    caller: Caller,
+    Query(mut p): Query<super::memory_api::SearchParams>,
 ) -> Result<Response, ApiError> {
+    p.user = caller.user(None)?;
     let svc = memory_service(&state)?;
     let found = super::memory_api::search(state.pool.clone(), &svc, p).await?;
     Ok(Json(found).into_response())
@@ -35,8 +38,10 @@ pub(super) async fn memory_search(
 /// `GET /v1/memory?user=&character=&guild=`: the caller's MEMORY.md-style snapshot.
 pub(super) async fn memory_snapshot(
     State(state): State<AppState>,
-    Query(p): Query<super::memory_api::SnapshotParams>,
+    caller: Caller,
+    Query(mut p): Query<super::memory_api::SnapshotParams>,
 ) -> Result<Response, ApiError> {
+    p.user = caller.user(None)?;
     let svc = memory_service(&state)?;
     let snap = super::memory_api::snapshot(state.pool.clone(), &svc, p).await?;
     Ok(Json(snap).into_response())
@@ -45,8 +50,10 @@ pub(super) async fn memory_snapshot(
 /// `POST /v1/memory/refresh?user=…`: archive, fold near-duplicates, re-render.
 pub(super) async fn memory_refresh(
     State(state): State<AppState>,
-    Query(p): Query<super::memory_api::SnapshotParams>,
+    caller: Caller,
+    Query(mut p): Query<super::memory_api::SnapshotParams>,
 ) -> Result<Response, ApiError> {
+    p.user = caller.user(None)?;
     let svc = memory_service(&state)?;
     let done = super::memory_api::refresh(state.pool.clone(), &svc, p).await?;
     Ok(Json(done).into_response())
@@ -55,6 +62,7 @@ pub(super) async fn memory_refresh(
 /// `GET /v1/memory/summary?user=&character=` query.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub(super) struct SummaryParams {
+    #[serde(default)]
     user: String,
     character: i64,
 }
@@ -63,8 +71,10 @@ pub(super) struct SummaryParams {
 /// summary and spine for one of the caller's characters (404 for anyone else's).
 pub(super) async fn memory_summary(
     State(state): State<AppState>,
-    Query(p): Query<SummaryParams>,
+    caller: Caller,
+    Query(mut p): Query<SummaryParams>,
 ) -> Result<Response, ApiError> {
+    p.user = caller.user(None)?;
     let context = crate::summary::session_context::load(&state.pool, &p.user, p.character).await?;
     Ok(Json(context).into_response())
 }
@@ -73,8 +83,10 @@ pub(super) async fn memory_summary(
 /// characters (an empty list for a character they never spoke to).
 pub(super) async fn memory_todos(
     State(state): State<AppState>,
-    Query(p): Query<super::memory_api::TodoParams>,
+    caller: Caller,
+    Query(mut p): Query<super::memory_api::TodoParams>,
 ) -> Result<Response, ApiError> {
+    p.user = caller.user(None)?;
     let todos = super::memory_api::todos(state.pool.clone(), p).await?;
     Ok(Json(todos).into_response())
 }

@@ -47,6 +47,8 @@ impl From<MemoryError> for HttpError {
 /// `GET /v1/memory/search?user=&q=&limit=&character=&guild=&channel=&as_of=&ranker=&strict=`
 #[derive(Debug, Clone, Deserialize)]
 pub struct SearchParams {
+    /// Set by the route from the caller ([`super::identity`]), never trusted as sent.
+    #[serde(default)]
     pub user: String,
     pub q: String,
     #[serde(default)]
@@ -100,6 +102,7 @@ pub async fn search(_pool: PgPool, svc: &MemoryService, p: SearchParams) -> Resu
 /// `GET /v1/memory?user=&character=&guild=`: the MEMORY.md-style snapshot.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SnapshotParams {
+    #[serde(default)]
     pub user: String,
     #[serde(default)]
     pub character: Option<i64>,
@@ -148,6 +151,7 @@ pub async fn refresh(pool: PgPool, svc: &MemoryService, p: SnapshotParams) -> Re
 /// character (open ones unless `all`). Persona-scoped: the character is required.
 #[derive(Debug, Clone, Deserialize)]
 pub struct TodoParams {
+    #[serde(default)]
     pub user: String,
     pub character: i64,
     #[serde(default)]

@@ -14,7 +14,6 @@ use axum::Router;
 use serde_json::Value;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
-use subtle::ConstantTimeEq;
 use tokio::sync::{broadcast, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -23,12 +22,14 @@ use crate::config::Settings;
 use crate::queue;
 
 mod answer;
+mod characters;
 mod chat;
 mod conversation;
 mod erase;
 mod error;
 mod fields;
 mod hint;
+mod identity;
 mod memory;
 pub mod memory_api;
 mod models;
@@ -42,7 +43,6 @@ use error::ApiError;
 use hint::rotate_hint;
 use memory::{memory_refresh, memory_search, memory_snapshot, memory_summary, memory_todos};
 use ops::{info, metrics};
-use state::header;
 pub use state::AppState;
 
 /// The routes, behind the bearer token (when configured), the in-flight limit and the
@@ -52,6 +52,16 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models::models))
+        .route(
+            "/v1/characters",
+            get(characters::list).post(characters::create),
+        )
+        .route(
+            "/v1/characters/{id}",
+            get(characters::get)
+                .patch(characters::edit)
+                .delete(characters::remove),
+        )
         .route("/v1/rotate-hint", get(rotate_hint))
         .route("/v1/info", get(info))
         .route("/metrics", get(metrics))
@@ -62,7 +72,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/memory/todos", get(memory_todos))
         .route("/v1/erase", post(erase_route))
         .layer(DefaultBodyLimit::max(state.settings.http.max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            identity::authorize,
+        ))
         .layer(middleware::from_fn_with_state(in_flight, limit_in_flight))
         .with_state(state)
 }
@@ -82,32 +95,6 @@ async fn limit_in_flight(
             "too many requests in flight; retry shortly",
         )
         .into_response(),
-    }
-}
-
-/// `Authorization: Bearer <KVMEM_HTTP_TOKEN>` on every route when a token is configured.
-async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let Some(token) = state.settings.http.token.as_deref() else {
-        return next.run(request).await;
-    };
-    let given = header(request.headers(), "authorization");
-    let given = given.as_deref().and_then(|v| v.strip_prefix("Bearer "));
-    // Constant time, so the comparison does not reveal how much of a guess was right.
-    let ok = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
-    if ok {
-        next.run(request).await
-    } else {
-        let mut response = ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "missing or wrong bearer token (Authorization: Bearer <KVMEM_HTTP_TOKEN>)",
-        )
-        .into_response();
-        response.headers_mut().insert(
-            axum::http::header::WWW_AUTHENTICATE,
-            axum::http::HeaderValue::from_static("Bearer"),
-        );
-        response
     }
 }
 

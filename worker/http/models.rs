@@ -1,24 +1,25 @@
-//! Characters are models: `GET /v1/models` lists the caller's characters, a chat request's
-//! `model` picks one of them by the id listed (or the character's numeric id), and the
-//! request's system message may become the picked character's persona.
+//! Characters are models: `GET /v1/models` lists the public characters and the caller's
+//! own, a chat request's `model` picks one of them by the id listed (or the character's
+//! numeric id), and the request's system message may become the picked character's persona.
 
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgPool;
 
 use super::error::ApiError;
-use super::state::{header, AppState};
+use super::identity::Caller;
+use super::state::AppState;
 
-/// One of the user's characters.
+/// A character the user may talk to: public, or their own.
 #[derive(Debug, sqlx::FromRow)]
 struct Character {
     id: i64,
     name: String,
     created: i64,
+    public: bool,
 }
 
 /// A character with the model id it is listed under.
@@ -27,9 +28,10 @@ struct Listed {
     character: Character,
 }
 
-/// The user's characters, each under its name, or `name#id` where its name alone would
-/// not pick it (another of the user's characters has it, or it reads as a number).
-async fn listed(pool: &PgPool, user: &str) -> Result<Vec<Listed>, sqlx::Error> {
+/// The characters `user` may talk to (the public ones alone without a user), each under its
+/// name, or `name#id` where its name alone would not pick it (another listed character
+/// has it, public or the user's own, or it reads as a number).
+async fn listed(pool: &PgPool, user: Option<&str>) -> Result<Vec<Listed>, sqlx::Error> {
     let all: Vec<Character> = sqlx::query_as(include_str!("../../sql/http/models.sql"))
         .bind(user)
         .fetch_all(pool)
@@ -54,39 +56,29 @@ async fn listed(pool: &PgPool, user: &str) -> Result<Vec<Listed>, sqlx::Error> {
         .collect())
 }
 
-#[derive(Deserialize)]
-pub(super) struct ModelsQuery {
-    #[serde(default)]
-    user: Option<String>,
-}
-
-/// `GET /v1/models?user=`: the caller's characters in OpenAI's list shape. The user is the
-/// `user` query parameter or the `http.user_header` header.
+/// `GET /v1/models`: the public characters, and the caller's own when the request names a
+/// user, in OpenAI's list shape. A front-end's connection check lists models with no user.
 pub(super) async fn models(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    Query(q): Query<ModelsQuery>,
+    caller: Caller,
 ) -> Result<Response, ApiError> {
-    let user = q
-        .user
-        .or_else(|| header(&headers, &state.settings.http.user_header))
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "missing user id (query `user` or header {})",
-                state.settings.http.user_header
-            ))
-        })?;
-    let data: Vec<_> = listed(&state.pool, &user)
+    let user = caller.maybe_user(None)?;
+    let data: Vec<_> = listed(&state.pool, user.as_deref())
         .await?
         .into_iter()
         .map(|l| {
+            let owner = if l.character.public {
+                "public"
+            } else {
+                user.as_deref().unwrap_or_default()
+            };
             json!({
                 "id": l.model,
                 "object": "model",
                 "created": l.character.created,
-                "owned_by": user,
-                "kvmem": { "character_id": l.character.id, "name": l.character.name },
+                "owned_by": owner,
+                "kvmem": { "character_id": l.character.id, "name": l.character.name,
+                           "public": l.character.public },
             })
         })
         .collect();
@@ -97,7 +89,7 @@ pub(super) async fn models(
 /// character's numeric id. Anything else is a 404 listing the user's models, so a
 /// mistyped name says what there is to pick from.
 pub(super) async fn select(pool: &PgPool, user: &str, model: &str) -> Result<i64, ApiError> {
-    let all = listed(pool, user).await?;
+    let all = listed(pool, Some(user)).await?;
     let by_model = all.iter().find(|l| l.model == model);
     let by_id = || {
         let id = model.trim().parse::<i64>().ok()?;
@@ -108,7 +100,7 @@ pub(super) async fn select(pool: &PgPool, user: &str, model: &str) -> Result<i64
     }
     let names: Vec<&str> = all.iter().map(|l| l.model.as_str()).collect();
     let list = if names.is_empty() {
-        "none: this user has no characters".to_string()
+        "none: no public character, and this user has none".to_string()
     } else {
         names.join(", ")
     };
@@ -123,7 +115,7 @@ pub(super) async fn select(pool: &PgPool, user: &str, model: &str) -> Result<i64
 
 /// The request's system message as the character's persona (`http.system_message =
 /// persona`); a no-op when it is already the persona or the character is not the user's
-/// (the enqueue refuses that one).
+/// own (a public character's persona is its operator's; the enqueue refuses a foreign one).
 pub(super) async fn set_persona(
     pool: &PgPool,
     character: i64,

@@ -49,7 +49,18 @@ pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiE
     .into_response())
 }
 
-pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(super) async fn metrics(
+    State(state): State<AppState>,
+    caller: super::identity::Caller,
+) -> Result<Response, ApiError> {
+    // The queue's counts span every user: an operator's view, not a user key's.
+    if !caller.is_operator() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "permission_error",
+            "/metrics is for the service token, not a user's key",
+        ));
+    }
     let text = state.metrics.render(&state.pool).await?;
     Ok((
         [(

@@ -215,7 +215,7 @@ impl Relay {
     /// missed, or when the channel was quiet.
     async fn sync(&mut self, outs: &mut Vec<Out>) -> Result<(), ApiError> {
         let Some(so_far) = stream::so_far(&self.state.pool, self.reply.id.0).await? else {
-            return Err(sqlx::Error::RowNotFound.into());
+            return Err(super::answer::erased(self.reply.id));
         };
         if matches!(so_far.state.as_str(), "done" | "failed" | "dead") {
             return match self.end(&so_far.state, outs).await {
@@ -263,7 +263,7 @@ impl Relay {
         let id = self.reply.id;
         let row = match OwnedTurnRow::fetch(&self.state.pool, id, &self.reply.user).await {
             Ok(Some(row)) => row,
-            Ok(None) => return Err(Out::Error(sqlx::Error::RowNotFound.into())),
+            Ok(None) => return Err(Out::Error(super::answer::erased(id))),
             Err(e) => return Err(Out::Error(e.into())),
         };
         if let Some(e) = row.error(id) {

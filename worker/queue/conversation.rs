@@ -7,7 +7,7 @@
 use sqlx::{PgConnection, PgPool};
 
 use super::enqueue::{lock_and_find_repeat, queue_in, NewTurn, Repeat};
-use super::types::Result;
+use super::types::{QueueError, Result};
 use crate::turn::{chain, TurnId};
 
 /// A chat request's conversation: who asks, the history before its message as
@@ -21,6 +21,44 @@ pub struct Conversation<'a> {
     pub idempotency_key: Option<&'a str>,
     /// The turn's own sampling (`turns.options`); `None`: the worker's configured sampling.
     pub options: Option<&'a serde_json::Value>,
+    /// How much history a new session may import from the request.
+    pub limits: HistoryLimits,
+}
+
+/// Bounds on the history a request brings into a new session (`http.max_history_*`):
+/// without them one request could write tens of thousands of turns in one transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Messages, user and assistant counted apart.
+    pub messages: usize,
+    /// Characters in all.
+    pub chars: usize,
+}
+
+impl HistoryLimits {
+    /// The history within these limits, or the limit it passes, named as the setting.
+    pub fn check(&self, history: &[(String, String)]) -> Result<()> {
+        let messages = history.len() * 2;
+        if messages > self.messages {
+            return Err(QueueError::Invalid(format!(
+                "the request's history has {messages} messages; a new session imports at most \
+                 {} (http.max_history_messages)",
+                self.messages
+            )));
+        }
+        let chars: usize = history
+            .iter()
+            .map(|(m, r)| m.chars().count() + r.chars().count())
+            .sum();
+        if chars > self.chars {
+            return Err(QueueError::Invalid(format!(
+                "the request's history has {chars} characters; a new session imports at most \
+                 {} (http.max_history_chars)",
+                self.chars
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// How a request found its session.
@@ -121,6 +159,7 @@ pub async fn enqueue_named(
     pool: &PgPool,
     turn: &NewTurn<'_>,
     history: &[(String, String)],
+    limits: HistoryLimits,
     repeat: Repeat<'_>,
 ) -> Result<(TurnId, bool)> {
     // Scope: the repeat check, the import into a new session and the enqueue, under the
@@ -142,6 +181,7 @@ pub async fn enqueue_named(
             history,
             idempotency_key: None,
             options: turn.options,
+            limits,
         };
         let hashes = chain::hashes(history.iter().map(|(m, r)| (m.as_str(), r.as_str())));
         import(&mut tx, turn.session_id, &c, &hashes).await?;
@@ -219,6 +259,7 @@ async fn import(
     if c.history.is_empty() {
         return Ok(());
     }
+    c.limits.check(c.history)?;
     let rows: Vec<serde_json::Value> = c
         .history
         .iter()

@@ -14,7 +14,9 @@ mod types;
 pub use crate::turn::{ClaimedTurn, TurnId, TurnState};
 pub use claim::{claim, claim_preferring, claim_up_to, heartbeat, last_done, lease_held};
 pub use complete::{complete, complete_many, Completion};
-pub use conversation::{enqueue_matched, enqueue_named, Conversation, Found, Placed};
+pub use conversation::{
+    enqueue_matched, enqueue_named, Conversation, Found, HistoryLimits, Placed,
+};
 pub use enqueue::{enqueue, enqueue_on, enqueue_repeatable, NewTurn, Repeat};
 pub use fail::{fail, release};
 pub use reap::{reap, trim_events, Reaped};

@@ -11,6 +11,9 @@ pub enum QueueError {
     Fenced(TurnId),
     #[error("the worker's commit queue has stopped")]
     Stopped,
+    /// The request asks for what the queue refuses to hold (a bound it passes).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 pub type Result<T, E = QueueError> = std::result::Result<T, E>;

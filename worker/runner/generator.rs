@@ -94,17 +94,22 @@ impl Generator {
 
     /// Removes what this worker's snapshot store still holds of erased scopes, and forgets
     /// scopes erased longer than [`ERASED_SCOPES_KEPT`] ago.
-    pub async fn sweep_erased(&self, deps: &Deps) {
+    pub async fn sweep_erased(&self, deps: &Deps, mark: &mut crate::erase::SweepMark) {
         let Generator::Llama(pipeline) = self else {
             return;
         };
-        match crate::erase::sweep(&deps.pool, &pipeline.store, ERASED_SCOPES_KEPT).await {
-            Ok(r) if r.files + r.quarantined + r.objects > 0 => tracing::info!(
-                files = r.files,
-                quarantined = r.quarantined,
-                objects = r.objects,
-                "removed snapshots of erased sessions"
-            ),
+        match crate::erase::sweep(&deps.pool, &pipeline.store, ERASED_SCOPES_KEPT, mark).await {
+            Ok(crate::erase::Swept { scopes, removed: r })
+                if r.files + r.quarantined + r.objects > 0 =>
+            {
+                tracing::info!(
+                    scopes,
+                    files = r.files,
+                    quarantined = r.quarantined,
+                    objects = r.objects,
+                    "removed snapshots of erased sessions"
+                )
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "erased-snapshot sweep failed; it runs again"),
         }

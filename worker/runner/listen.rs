@@ -55,6 +55,7 @@ async fn listen_once(
 pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
     let every = Duration::from_millis(deps.settings.queue.reaper_ms);
     let (mut last_upkeep, mut evictions_counted) = (None::<std::time::Instant>, 0);
+    let mut erased_mark = crate::erase::SweepMark::default();
     while !shutdown.is_cancelled() {
         match queue::reap(&deps.pool).await {
             Ok(reaped) if !reaped.is_empty() => {
@@ -77,7 +78,7 @@ pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: Cancellation
         }
         if last_upkeep.is_none_or(|at| at.elapsed() >= super::upkeep::UPKEEP_EVERY) {
             // Erased scopes first: what the cap counts next is what is left.
-            deps.generator.sweep_erased(&deps).await;
+            deps.generator.sweep_erased(&deps, &mut erased_mark).await;
             super::upkeep::sweep_storage(&deps, &mut evictions_counted).await;
             last_upkeep = Some(std::time::Instant::now());
         }

@@ -2,6 +2,7 @@
 //! atomically, with corrupt files quarantined. They are the whole store by default and the
 //! local cache in front of an object store otherwise ([`super::store`]).
 
+use std::collections::HashMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -242,6 +243,36 @@ impl FileStore {
         Ok((files, quarantined, bytes))
     }
 
+    /// The sweep's erase of many scopes at once: each scope's file and quarantined copies
+    /// written before the time it was erased (Unix milliseconds), never a newer one (a
+    /// session id used again after its erase). One listing of the directory for all of
+    /// them. Returns (files, quarantined copies, bytes) removed, and the scopes it removed
+    /// a file of.
+    pub fn erase_written_before(
+        &self,
+        erased: &HashMap<String, u64>,
+    ) -> io::Result<(u64, u64, u64)> {
+        let (mut files, mut quarantined, mut bytes) = (0, 0, 0);
+        for (scope, at) in erased {
+            let path = self.path(scope);
+            let Ok(meta) = fs::metadata(&path) else {
+                continue;
+            };
+            if millis(meta.modified()?) < *at && remove_if_there(&path)? {
+                files += 1;
+                bytes += meta.len();
+            }
+        }
+        for q in self.quarantined()? {
+            if erased.get(&q.scope).is_some_and(|at| q.at_millis < *at) && remove_if_there(&q.path)?
+            {
+                quarantined += 1;
+                bytes += q.len;
+            }
+        }
+        Ok((files, quarantined, bytes))
+    }
+
     /// Removes a session's snapshot (after a rollback run, or by ops).
     pub fn remove(&self, scope: &str) -> io::Result<()> {
         match fs::remove_file(self.path(scope)) {
@@ -431,4 +462,10 @@ mod tests {
         assert_ne!(scope_key("u1", 12, "s"), scope_key("u11", 2, "s"));
         assert_eq!(scope_key("u1", 1, "s").len(), 32);
     }
+}
+
+/// A file time in Unix milliseconds (0 before the epoch).
+fn millis(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -133,6 +133,33 @@ impl Remote {
         Ok((objects, bytes))
     }
 
+    /// The sweep's erase of some scopes' objects: each one last written before the time its
+    /// scope was erased (Unix milliseconds), never a newer one. Returns (objects, bytes).
+    pub(super) async fn erase_written_before(
+        &self,
+        erased: &[(&String, &u64)],
+    ) -> Result<(u64, u64), object_store::Error> {
+        let (mut objects, mut bytes) = (0, 0);
+        for (scope, at) in erased {
+            let path = self.path(scope);
+            let meta = match self.store.head(&path).await {
+                Ok(meta) => meta,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            if (meta.last_modified.timestamp_millis().max(0) as u64) < **at {
+                match self.store.delete(&path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                        objects += 1;
+                        bytes += meta.size;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok((objects, bytes))
+    }
+
     /// Deletes the objects under `quarantine/` whose scope and stamp `pick` accepts:
     /// (objects, bytes) removed. Quarantine is rare, so one listing of it is cheap.
     pub(super) async fn delete_quarantined(

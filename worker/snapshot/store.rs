@@ -4,6 +4,7 @@
 //! directory is capped by bytes ([`super::cache`]). Only bytes move here: every check of the
 //! format and of the pipeline is the same for both.
 
+use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -369,6 +370,53 @@ impl SnapshotStore {
             erased.bytes += bytes;
         }
         Ok(erased)
+    }
+
+    /// Erases, for each scope, what was written before the time it was erased (Unix
+    /// milliseconds) and nothing newer: the maintenance sweep's erase, which must not
+    /// remove the snapshot of a session id used again after its erase.
+    pub async fn erase_written_before(
+        &self,
+        erased: HashMap<String, u64>,
+    ) -> io::Result<ScopeErased> {
+        let files = self.files.clone();
+        let (erased, (files, quarantined, bytes)) = tokio::task::spawn_blocking(move || {
+            let r = files.erase_written_before(&erased);
+            r.map(|r| (erased, r))
+        })
+        .await
+        .map_err(io::Error::other)??;
+        if let Some(index) = &self.index {
+            for scope in erased.keys() {
+                if !self.files.path(scope).exists() {
+                    index.forget(scope);
+                }
+            }
+        }
+        let mut swept = ScopeErased {
+            files,
+            quarantined,
+            objects: 0,
+            bytes,
+        };
+        if let Some(remote) = &self.remote {
+            // A bounded batch per request deadline: a first sweep may hold thousands.
+            let all: Vec<(&String, &u64)> = erased.iter().collect();
+            for chunk in all.chunks(64) {
+                let (objects, bytes) = remote.within(remote.erase_written_before(chunk)).await?;
+                swept.objects += objects;
+                swept.bytes += bytes;
+            }
+            let (objects, bytes) = remote
+                .within(
+                    remote
+                        .delete_quarantined(|s, stamp| erased.get(s).is_some_and(|at| stamp < *at)),
+                )
+                .await?;
+            swept.objects += objects;
+            swept.bytes += bytes;
+        }
+        Ok(swept)
     }
 
     /// Deletes quarantined copies moved aside more than `max_age` ago, in the directory

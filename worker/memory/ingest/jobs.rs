@@ -318,6 +318,10 @@ async fn remember(
                 .collect()
         })
         .unwrap_or_default();
+    // An in-chat remember cites the turn that asked, so an erase of its dialogue takes it.
+    if let Some(source) = payload["source"].as_str() {
+        m.source_message_ids = vec![source.to_string()];
+    }
     svc.embed_memory(&mut m).await;
     let up = store::upsert(&svc.pool, m).await?;
     let blob = rebuild_blob(svc, scope).await?;
