@@ -384,3 +384,153 @@ fn each_embedder_carries_its_own_relevance_threshold() {
         }
     }
 }
+
+/// EmbeddingGemma-300M as `ops/fetch-embedder gemma` converts it (768-wide: kvmem embeds
+/// with it but cannot store its vectors yet). Unset: the test says SKIPPED loudly and passes.
+fn gemma_path() -> Option<PathBuf> {
+    match std::env::var_os("KVMEM_TEST_GEMMA") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            eprintln!(
+                "\n**************************************************************\n\
+                 SKIPPED: KVMEM_TEST_GEMMA is unset, EmbeddingGemma is NOT tested.\n\
+                 Run: KVMEM_TEST_GEMMA=$(ops/fetch-embedder gemma | tail -n 1) \
+                 cargo test --release --test memory embedder::gemma\n\
+                 **************************************************************\n"
+            );
+            None
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct GemmaReference {
+    texts_sha256: String,
+    window: usize,
+    scale: f32,
+    cases: Vec<GemmaCase>,
+}
+
+#[derive(Deserialize)]
+struct GemmaCase {
+    text: String,
+    query: bool,
+    token_ids: Vec<i32>,
+    tokens_uncut: usize,
+    embedding: Vec<i32>,
+}
+
+/// The converted EmbeddingGemma embeds through kvmem's own embedder (prompts, whitespace,
+/// window, batches) as sentence-transformers does, for every text of
+/// tests/fixtures/embed_texts.jsonl on both sides of a search: the same token ids and
+/// vectors within cosine 0.99. The reference (tests/fixtures/embeddinggemma-300m.reference.json,
+/// from ops/gemma_reference.py) was made once with torch and is committed, so no torch is
+/// needed here. It cuts a text longer than kvmem's window as kvmem does (the first tokens
+/// and the EOS), so those texts are compared too.
+#[test]
+fn gemma_matches_sentence_transformers() {
+    use kvmem::memory::embed::{Embedder, Keep, Role};
+    let Some(path) = gemma_path() else { return };
+    let reference: GemmaReference = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/embeddinggemma-300m.reference.json"
+        ))
+        .expect("the committed reference"),
+    )
+    .expect("reference JSON");
+    let texts = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/embed_texts.jsonl"
+    ))
+    .expect("the test's texts");
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&texts))
+    };
+    assert_eq!(
+        reference.texts_sha256, sha,
+        "the reference was made from other texts: run ops/gemma_reference.py again"
+    );
+    assert!(
+        reference.cases.len() >= 400,
+        "{} cases",
+        reference.cases.len()
+    );
+
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as i32;
+    let e = Embedder::load(&path, threads).expect("load EmbeddingGemma");
+    assert_eq!(e.dims, 768);
+    assert_eq!(
+        e.window(),
+        reference.window,
+        "kvmem's window for this model"
+    );
+    for case in &reference.cases {
+        let role = if case.query {
+            Role::Query
+        } else {
+            Role::Passage
+        };
+        let ids: Vec<i32> = e
+            .token_ids(&case.text, role, Keep::Start)
+            .iter()
+            .map(|t| t.0)
+            .collect();
+        assert_eq!(
+            ids, case.token_ids,
+            "token ids of {:?} (query: {})",
+            case.text, case.query
+        );
+    }
+    let beyond = reference
+        .cases
+        .iter()
+        .filter(|c| c.tokens_uncut > reference.window)
+        .count();
+    assert!(
+        beyond >= 2,
+        "the fixture should hold texts longer than the window"
+    );
+
+    // Passages in batches, as the memory lane embeds them; each query alone, as a search does.
+    let mut cosines = Vec::with_capacity(reference.cases.len());
+    let passages: Vec<&GemmaCase> = reference.cases.iter().filter(|c| !c.query).collect();
+    let texts: Vec<String> = passages.iter().map(|c| c.text.clone()).collect();
+    let got = e.embed(&texts, Role::Passage).expect("embed passages");
+    for (case, v) in passages.iter().zip(&got) {
+        cosines.push((cosine(v, &dequantise(case, reference.scale)), *case));
+    }
+    for case in reference.cases.iter().filter(|c| c.query) {
+        let v = e
+            .embed(std::slice::from_ref(&case.text), Role::Query)
+            .expect("embed a query")
+            .remove(0);
+        cosines.push((cosine(&v, &dequantise(case, reference.scale)), case));
+    }
+    let worst = cosines
+        .iter()
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .expect("cases");
+    let mean = cosines.iter().map(|(c, _)| f64::from(*c)).sum::<f64>() / cosines.len() as f64;
+    eprintln!(
+        "gemma ({}): {} cases with equal token ids ({beyond} cut to the window); cosine with \
+         sentence-transformers min {:.6} ({:?}), mean {mean:.6}",
+        e.name,
+        cosines.len(),
+        worst.0,
+        worst.1.text
+    );
+    for (c, case) in &cosines {
+        assert!(
+            *c >= 0.99,
+            "{:?} (query: {}): cosine {c} with sentence-transformers' vector",
+            case.text,
+            case.query
+        );
+    }
+}
+
+fn dequantise(case: &GemmaCase, scale: f32) -> Vec<f32> {
+    case.embedding.iter().map(|&x| x as f32 / scale).collect()
+}
