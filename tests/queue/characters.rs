@@ -148,11 +148,13 @@ async fn a_public_character_is_everyones_and_each_users_memory_is_their_own(pool
             .query(&[("user", user), ("q", q), ("character", &guide.to_string())])
             .send()
     };
-    let mine = search("alice", A_WORD).await.unwrap().text().await.unwrap();
+    // The hits, not the answer (which repeats the query).
+    let hits = |v: Value| v["hits"].to_string();
+    let mine = hits(search("alice", A_WORD).await.unwrap().json().await.unwrap());
     assert!(mine.contains(A_WORD), "{mine}");
-    let theirs = search("bob", A_WORD).await.unwrap().text().await.unwrap();
+    let theirs = hits(search("bob", A_WORD).await.unwrap().json().await.unwrap());
     assert!(!theirs.contains(A_WORD), "bob finds alice's word: {theirs}");
-    let theirs = search("alice", B_WORD).await.unwrap().text().await.unwrap();
+    let theirs = hits(search("alice", B_WORD).await.unwrap().json().await.unwrap());
     assert!(!theirs.contains(B_WORD), "alice finds bob's word: {theirs}");
     for (user, other) in [("alice", B_WORD), ("bob", A_WORD)] {
         let r = reqwest::Client::new()

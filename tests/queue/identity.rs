@@ -134,7 +134,10 @@ fn request(
             .replace("SID", A_SESSION);
         match user {
             Some(u) => s.replace("{user}", u),
-            None => s.replace("user={user}&", "").replace("?user={user}", ""),
+            None => s
+                .replace("user={user}&", "")
+                .replace("?user={user}", "")
+                .replace("&user={user}", ""),
         }
     };
     let mut req = client.request(route.method.clone(), format!("{base}{}", fill(route.path)));

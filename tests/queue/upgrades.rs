@@ -336,6 +336,15 @@ async fn a_previous_release_completion_still_chains_the_dialogue(pool: PgPool) {
                 .await
                 .unwrap();
         assert_eq!(done.len(), 1, "the old completion marks the turn done");
+        // That release frees the lease in a statement of its own, as this one does.
+        let lease = serde_json::json!([{"session_id": "s-old", "fencing_token": claimed.fencing_token,
+                                        "turn_id": id.0}]);
+        sqlx::query(include_str!("../../sql/queue/release_many.sql"))
+            .bind(lease)
+            .bind(vec![id.0])
+            .execute(&pool)
+            .await
+            .unwrap();
     }
     let stored: Vec<Option<Vec<u8>>> =
         sqlx::query_scalar("SELECT chain_hash FROM turns WHERE session_id = 's-old' ORDER BY id")

@@ -15,7 +15,7 @@ pub struct KeysArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
-    /// Create a key for a user and print it once: only its hash is kept.
+    /// Create a key for a user and print it once: only its hash is kept. Writes.
     Create {
         #[arg(long)]
         user: String,
@@ -24,6 +24,7 @@ pub enum KeysCommand {
         label: String,
     },
     /// List keys (never the keys themselves): id, user, label, prefix, created, revoked.
+    /// Read-only.
     List {
         /// Only this user's keys.
         #[arg(long)]
@@ -31,7 +32,7 @@ pub enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Revoke a key by the id `list` shows; requests with it get 401 from then on.
+    /// Revoke a key by the id `list` shows; requests with it get 401 from then on. Writes.
     Revoke { id: i64 },
 }
 

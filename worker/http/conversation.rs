@@ -56,7 +56,7 @@ pub(super) fn read<'a>(
             .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
         {
             return Err(ApiError::bad_request(format!(
-                "messages[{i}] holds a control character (only tab, CR and LF are allowed)"
+                "messages[{i}] contains control characters (only tab, CR and LF are allowed)"
             )));
         }
         turns.push((is_user, text));
