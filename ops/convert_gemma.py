@@ -16,8 +16,8 @@ writes EmbeddingGemma with its sentence-transformers dense modules):
     for a bidirectional model), every 6th layer global; RoPE base 1e6 on the global layers
     and 10,000 on the sliding ones; RMSNorm eps 1e-6;
   - every RMSNorm weight plus one: Gemma's norm multiplies by (1 + weight) and llama.cpp's by
-    the weight (the vectors of tests/memory/embedder.rs agree with sentence-transformers only
-    so: without it the cosine falls far below 0.99);
+    the weight (tests/memory/embedder.rs: with it the Q8_0 vectors sit within cosine 0.9988
+    of sentence-transformers'; without it their mean cosine is 0.09);
   - mean pooling (1_Pooling), then 2_Dense (768 -> 3072) and 3_Dense (3072 -> 768) as
     `dense_2` and `dense_3`, which llama.cpp applies after pooling; both have no bias and no
     activation. The last module (Normalize) is kvmem's own L2 normalisation;
