@@ -341,6 +341,12 @@ pub fn scope_key(user_id: &str, character_id: i64, session_id: &str) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
+/// A file time in Unix milliseconds (0 before the epoch).
+fn millis(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,10 +468,4 @@ mod tests {
         assert_ne!(scope_key("u1", 12, "s"), scope_key("u11", 2, "s"));
         assert_eq!(scope_key("u1", 1, "s").len(), 32);
     }
-}
-
-/// A file time in Unix milliseconds (0 before the epoch).
-fn millis(t: std::time::SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
