@@ -82,7 +82,8 @@ async fn nothing_left(pool: &PgPool) {
 
 const FENCE_AND_LOG: &str = "SELECT turn_id FROM session_locks
   WHERE session_id = $1 AND fencing_token = $2 FOR UPDATE";
-const LOG: &str = "INSERT INTO turn_log (turn_id, attempt, worker_id, path, sid, status, started_at)
+const LOG: &str =
+    "INSERT INTO turn_log (turn_id, attempt, worker_id, path, sid, status, started_at)
   VALUES ($1, 1, 'w-race', 'cold', $2, 'ok', now())";
 
 #[sqlx::test(migrations = false)]
