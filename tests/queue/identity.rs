@@ -110,6 +110,26 @@ fn routes(b_char: i64) -> Vec<Route> {
             body: None,
         },
         Route {
+            method: Method::GET,
+            path: "/v1/characters?user={user}",
+            body: None,
+        },
+        Route {
+            method: Method::POST,
+            path: "/v1/characters",
+            body: Some(json!({"user": "{user}", "name": "Spare"})),
+        },
+        Route {
+            method: Method::PATCH,
+            path: "/v1/characters/CHAR",
+            body: Some(json!({"user": "{user}", "persona": "rewritten"})),
+        },
+        Route {
+            method: Method::DELETE,
+            path: "/v1/characters/CHAR?user={user}",
+            body: None,
+        },
+        Route {
             method: Method::POST,
             path: "/v1/erase",
             body: Some(json!({"user": "{user}", "session_id": "SID"})),
@@ -225,7 +245,7 @@ async fn no_route_serves_a_user_the_caller_only_claims(pool: PgPool) {
                 .unwrap();
             let status = r.status().as_u16();
             assert!(
-                status == 200 || status == 404,
+                matches!(status, 200 | 201 | 404),
                 "{what} as bob alone: {status}"
             );
             no_leak(&format!("{what} as bob"), &r.text().await.unwrap());
@@ -239,6 +259,12 @@ async fn no_route_serves_a_user_the_caller_only_claims(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(left, 1);
+    let persona: String = sqlx::query_scalar("SELECT persona FROM user_characters WHERE id = $1")
+        .bind(a_char)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(persona, "rewritten", "alice's character is untouched");
 }
 
 #[sqlx::test(migrations = false)]

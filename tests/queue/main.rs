@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bounds;
 mod chaos;
 mod characters;
 mod conversations;
