@@ -28,7 +28,7 @@ pub(super) async fn sweep(env: &Env) -> Result<Value> {
     .execute(&pool)
     .await?;
     let reused = &names[scopes - 1];
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     std::fs::write(store.files().path(reused), b"new session")?;
     let keep = Duration::from_secs(7 * 24 * 3600);
     let mut mark = kvmem::erase::SweepMark::default();

@@ -258,8 +258,10 @@ async fn the_sweep_removes_what_was_written_before_an_erase_and_sweeps_each_scop
             .fetch_one(&pool)
             .await
             .unwrap();
-    while chrono::Utc::now() <= erased_at {
-        tokio::task::yield_now().await;
+    // File times are kept at the kernel's clock tick, coarser than Postgres' microseconds:
+    // the new snapshot is written a clear 50 ms after the erase.
+    while chrono::Utc::now() <= erased_at + chrono::Duration::milliseconds(50) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     std::fs::write(store.files().path(&reused), b"after").unwrap();
     let keep = std::time::Duration::from_secs(3600);
