@@ -56,7 +56,14 @@ async fn input_past_a_bound_is_refused_where_the_caller_sees_it(pool: PgPool) {
         messages.push(json!({"role": "user", "content": "and now?"}));
         json!({"user": "u-b", "character_id": ch, "messages": messages})
     };
-    let cases: Vec<(&str, Value, Vec<(&'static str, String)>, &str)> = vec![
+    // (what, body, headers, what the refusal names)
+    type Case = (
+        &'static str,
+        Value,
+        Vec<(&'static str, String)>,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
         (
             "messages",
             with_history((0..3).map(|i| exchange(i, 1)).collect()),
