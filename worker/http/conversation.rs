@@ -51,6 +51,11 @@ pub(super) fn read<'a>(
                  (http.max_message_chars)"
             )));
         }
+        if text.contains('\0') {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}] contains a NUL byte (0x00), which text cannot hold"
+            )));
+        }
         if text
             .chars()
             .any(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
