@@ -139,7 +139,7 @@ async fn erase_scopes(store: &SnapshotStore, scopes: &[String]) -> Result<ScopeE
 
 /// How far one worker's sweep of erased scopes has come, so each scope is swept once per
 /// worker instead of on every pass: the newest erase time swept, and the scopes of the
-/// last [`SWEEP_OVERLAP`] already done (read again, not swept again).
+/// last ten minutes (the overlap) already done (read again, not swept again).
 #[derive(Debug, Default)]
 pub struct SweepMark {
     swept_to: Option<DateTime<Utc>>,

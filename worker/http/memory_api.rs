@@ -47,7 +47,7 @@ impl From<MemoryError> for HttpError {
 /// `GET /v1/memory/search?user=&q=&limit=&character=&guild=&channel=&as_of=&ranker=&strict=`
 #[derive(Debug, Clone, Deserialize)]
 pub struct SearchParams {
-    /// Set by the route from the caller ([`super::identity`]), never trusted as sent.
+    /// Set by the route from the caller (`http::identity`), never trusted as sent.
     #[serde(default)]
     pub user: String,
     pub q: String,
