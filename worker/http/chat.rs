@@ -9,8 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use tokio::sync::broadcast;
@@ -19,42 +18,11 @@ use crate::config::SystemMessage;
 use crate::queue::{self, Conversation, NewTurn, Repeat, TurnId};
 
 use super::answer::{delivered, erased, fingerprint, OwnedTurnRow};
-use super::conversation::{self as conv, Dialogue};
+use super::conversation as conv;
 use super::error::ApiError;
 use super::identity::Caller;
+use super::request::{self, Character, Dialogue, Fields, RequestError};
 use super::state::{header, AppState};
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    #[serde(default)]
-    model: Option<String>,
-    messages: Vec<ChatMessage>,
-    /// OpenAI's end-user field: kvmem's user id.
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default)]
-    session_id: Option<String>,
-    #[serde(default)]
-    character_id: Option<i64>,
-    /// Server-sent `chat.completion.chunk` events instead of one `chat.completion`.
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-}
-
-#[derive(Deserialize)]
-struct StreamOptions {
-    /// A last chunk with `usage` (and `"usage": null` on every other chunk).
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Deserialize)]
-struct ChatMessage {
-    role: String,
-    content: Value,
-}
 
 /// What a chat request asks for, read from its body and headers.
 struct Asked {
@@ -70,8 +38,8 @@ struct Asked {
     key: Option<String>,
     stream: bool,
     include_usage: bool,
-    /// The turn's sampling options and the system message ([`super::fields`]).
-    fields: super::fields::Fields,
+    /// The turn's sampling options and the system message.
+    fields: Fields,
 }
 
 /// `POST /v1/chat/completions`. kvmem keeps the dialogue itself: a request that names its
@@ -124,105 +92,61 @@ async fn read(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Asked, ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|_| ApiError::bad_request("request body is not valid UTF-8"))?;
-    let req: ChatRequest = serde_json::from_str(text)
-        .map_err(|e| ApiError::bad_request(format!("invalid request JSON: {e}")))?;
-    let fields = super::fields::read(&serde_json::from_str(text).unwrap_or_default())?;
-    let session = req.session_id.or_else(|| header(headers, "x-session-id"));
-    let key = header(headers, "idempotency-key");
-    bounded_id("session_id", session.as_deref())?;
-    bounded_id("Idempotency-Key", key.as_deref())?;
+    let http = &state.settings.http;
+    let session = header(headers, "x-session-id");
+    let req = request::read(body, session, header(headers, "idempotency-key"))?;
     let user = caller.user(req.user.as_deref())?;
-    // `character_id` (or its header) wins; else `model` names one of the user's characters.
-    let character =
-        match (req.character_id, header(headers, "x-character-id")) {
-            (Some(c), _) => c,
-            (None, Some(h)) => h
-                .parse()
-                .map_err(|_| ApiError::bad_request("X-Character-Id must be an integer"))?,
-            (None, None) => match req.model.as_deref() {
-                Some(model) => super::models::select(&state.pool, &user, model).await?,
-                None => return Err(ApiError::bad_request(
-                    "missing character (body `model` or `character_id`, or header X-Character-Id)",
-                )),
-            },
-        };
-    let dialogue = conv::read(
-        req.messages.iter().map(|m| (m.role.as_str(), &m.content)),
-        state.settings.http.max_message_chars,
+    let character = match req.character(header(headers, "x-character-id").as_deref())? {
+        Character::Id(c) => c,
+        Character::Model(model) => super::models::select(&state.pool, &user, model).await?,
+    };
+    let dialogue = req.dialogue(http.max_message_chars, &http.task_marker)?;
+    let timeout_ms = request::timeout_ms(
+        header(headers, "x-timeout-ms").as_deref(),
+        http.timeout_ms,
+        http.max_timeout_ms,
     )?;
-    background_task(&state.settings.http.task_marker, &dialogue.last)?;
     Ok(Asked {
-        session,
+        session: req.session,
         conversation: conv::conversation_name(state, headers),
         user,
         character,
         dialogue,
         model: req.model,
-        timeout: timeout(state, headers)?,
-        key,
+        timeout: Duration::from_millis(timeout_ms),
+        key: req.key,
         stream: req.stream,
-        include_usage: req.stream_options.is_some_and(|o| o.include_usage),
-        fields,
+        include_usage: req.include_usage,
+        fields: req.fields,
     })
 }
 
-/// A front-end's background task (a title, tags, follow-ups for a chat) is not a line of
-/// the chat: answering it in character would add a session and a memory per chat. It is
-/// refused, finally, before the character is even looked up.
-fn background_task(marker: &str, last: &str) -> Result<(), ApiError> {
-    if marker.is_empty() || !last.trim_start().starts_with(marker) {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        StatusCode::BAD_REQUEST,
-        "background_task",
-        format!(
-            "a front-end's background task (its message starts with {marker:?}) is not a chat \
-             turn; kvmem refuses it so it adds no session or memory. Point the front-end's \
-             task model elsewhere or turn the task off (docs/http-api.md#front-ends)"
-        ),
-    )
-    .final_answer())
-}
-
-/// The longest id a request may give (a session, a key, a conversation): the queue's
-/// B-tree indexes hold far longer, so a longer one is a client's bug, answered 400.
-pub(super) const MAX_ID_BYTES: usize = crate::keys::MAX_USER_BYTES;
-
-pub(super) fn bounded_id(what: &str, id: Option<&str>) -> Result<(), ApiError> {
-    match id {
-        Some(id) if id.len() > MAX_ID_BYTES => Err(ApiError::bad_request(format!(
-            "{what} is {} bytes; the limit is {MAX_ID_BYTES}",
-            id.len()
-        ))),
-        Some(id) if id.chars().any(char::is_control) => Err(ApiError::bad_request(format!(
-            "{what} holds a control character"
-        ))),
-        _ => Ok(()),
+/// The reader's refusals, answered as they were when it lived here: a 400 of OpenAI's
+/// `invalid_request_error` (with `param` for a field), and a front-end's background task
+/// as its own error type, which a retry would only repeat.
+impl From<RequestError> for ApiError {
+    fn from(e: RequestError) -> ApiError {
+        if let RequestError::BackgroundTask { .. } = e {
+            return ApiError::new(StatusCode::BAD_REQUEST, "background_task", e.to_string())
+                .final_answer();
+        }
+        let mut error = ApiError::bad_request(e.to_string());
+        if let Some(param) = e.param() {
+            error.extra = json!({ "param": param });
+        }
+        error
     }
 }
+
+// The reader cannot see `keys` (it builds without the crate); the bound must stay the
+// user id's, which the same indexes hold.
+const _: () = assert!(request::MAX_ID_BYTES == crate::keys::MAX_USER_BYTES);
 
 fn history_limits(state: &AppState) -> queue::HistoryLimits {
     queue::HistoryLimits {
         messages: state.settings.http.max_history_messages,
         chars: state.settings.http.max_history_chars,
     }
-}
-
-fn timeout(state: &AppState, headers: &HeaderMap) -> Result<Duration, ApiError> {
-    let ms = match header(headers, "x-timeout-ms") {
-        None => state.settings.http.timeout_ms,
-        Some(v) => v
-            .trim()
-            .parse::<u64>()
-            .map_err(|_| {
-                ApiError::bad_request("X-Timeout-Ms must be a whole number of milliseconds")
-            })?
-            .min(state.settings.http.max_timeout_ms),
-    };
-    Ok(Duration::from_millis(ms))
 }
 
 /// Queues the request's turn, or finds the one it repeats; returns it with its session and

@@ -27,13 +27,13 @@ mod chat;
 mod conversation;
 mod erase;
 mod error;
-mod fields;
 mod hint;
 mod identity;
 mod memory;
 pub mod memory_api;
 mod models;
 mod ops;
+mod request;
 mod sse;
 mod state;
 

@@ -5,20 +5,21 @@
 
 use serde_json::{json, Map, Value};
 
-use super::error::ApiError;
+use super::error::RequestError;
 
 /// What a request asks of its turn besides the message.
-pub(super) struct Fields {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fields {
     /// The turn's options, in the shape `kvmem_check_turn_options` admits; `None` when the
     /// request sets no sampling field, so such a turn samples as configured.
-    pub(super) options: Option<Value>,
+    pub options: Option<Value>,
     /// The request's system (or developer) messages, joined; `None` without any.
-    pub(super) system: Option<String>,
+    pub system: Option<String>,
 }
 
 /// Reads `body` (the request's JSON object). Refusals come first, so a request kvmem
 /// cannot answer as asked never queues a turn.
-pub(super) fn read(body: &Value) -> Result<Fields, ApiError> {
+pub fn read(body: &Value) -> Result<Fields, RequestError> {
     refuse(body)?;
     Ok(Fields {
         options: options(body)?,
@@ -29,7 +30,7 @@ pub(super) fn read(body: &Value) -> Result<Fields, ApiError> {
 /// `n > 1`, tools, `tool_choice`, a structured `response_format` and `logprobs`: kvmem
 /// makes one plain-text reply per turn, so a request for anything else gets 400 rather
 /// than a reply that silently is not what it asked for.
-fn refuse(body: &Value) -> Result<(), ApiError> {
+fn refuse(body: &Value) -> Result<(), RequestError> {
     let given = |k: &str| body.get(k).filter(|v| !v.is_null());
     if let Some(n) = given("n") {
         if n.as_u64() != Some(1) {
@@ -63,22 +64,18 @@ fn refuse(body: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn refused(field: &str, why: &str) -> ApiError {
-    let mut e = ApiError::bad_request(format!("unsupported field `{field}`: {why}"));
-    e.extra = json!({ "param": field });
-    e
+fn refused(field: &'static str, why: &'static str) -> RequestError {
+    RequestError::Unsupported { field, why }
 }
 
-fn invalid(field: &str, why: &str) -> ApiError {
-    let mut e = ApiError::bad_request(format!("invalid `{field}`: {why}"));
-    e.extra = json!({ "param": field });
-    e
+fn invalid(field: &'static str, why: &'static str) -> RequestError {
+    RequestError::Invalid { field, why }
 }
 
 /// `temperature`, `top_p`, `seed`, `stop`, and `max_completion_tokens` or `max_tokens`
 /// (the smaller when both), checked against the ranges the SQL function enforces. A seed
 /// of -1 is llama.cpp's "unset": the configured seed.
-fn options(body: &Value) -> Result<Option<Value>, ApiError> {
+fn options(body: &Value) -> Result<Option<Value>, RequestError> {
     let given = |k: &str| body.get(k).filter(|v| !v.is_null());
     let mut out = Map::new();
     if let Some(t) = given("temperature") {
@@ -136,10 +133,10 @@ fn options(body: &Value) -> Result<Option<Value>, ApiError> {
 
 /// The longest stop string: the worker scans every generated piece for each one, and
 /// kvmem_check_turn_options holds the SQL API to the same bound.
-const MAX_STOP_CHARS: usize = 64;
+pub const MAX_STOP_CHARS: usize = 64;
 
 /// The text of the `system` and `developer` messages, in order.
-fn system(body: &Value) -> Result<Option<String>, ApiError> {
+fn system(body: &Value) -> Result<Option<String>, RequestError> {
     let Some(messages) = body.get("messages").and_then(Value::as_array) else {
         return Ok(None);
     };
@@ -177,15 +174,12 @@ mod tests {
     fn ok(body: &Value) -> Fields {
         match read(body) {
             Ok(f) => f,
-            Err(e) => panic!("refused: {}", e.body()),
+            Err(e) => panic!("refused: {e}"),
         }
     }
 
     fn err(body: Value) -> String {
-        read(&body).err().expect("refused").body()["message"]
-            .as_str()
-            .unwrap()
-            .to_string()
+        read(&body).expect_err("refused").to_string()
     }
 
     #[test]
