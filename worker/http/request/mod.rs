@@ -94,7 +94,10 @@ pub fn read(
     let req: ChatRequest = serde_json::from_str(text).map_err(json)?;
     // The fields are read from the body as a whole: OpenAI's list is long, and a field
     // kvmem does not know is ignored, while one it cannot honour must be seen to be refused.
-    let fields = fields::read(&serde_json::from_str(text).unwrap_or_default())?;
+    // serde skips an unknown field without the nesting limit or the number range, so a body
+    // can type as a request and still not parse as JSON (a 1e999, 200 nested lists): it is
+    // refused, or its `n`, tools and sampling fields would go unread.
+    let fields = fields::read(&serde_json::from_str(text).map_err(json)?)?;
     let session = req.session_id.or(session_header);
     bounded_id("session_id", session.as_deref())?;
     bounded_id("Idempotency-Key", key.as_deref())?;
@@ -183,6 +186,27 @@ mod tests {
 
     fn body(extra: &str) -> Result<ChatBody, RequestError> {
         read(format!("{{{HI}{extra}}}").as_bytes(), None, None)
+    }
+
+    #[test]
+    fn a_body_that_types_as_a_request_but_is_not_json_is_refused() {
+        // serde skips an unknown field without the JSON parser's checks: had the fields
+        // been read from no body, `n` would have passed.
+        let deep = format!(", \"x\": {}{}", "[".repeat(200), "]".repeat(200));
+        for extra in [
+            ", \"n\": 2, \"x\": 1e999".to_string(),
+            format!(", \"n\": 2{deep}"),
+        ] {
+            match body(&extra) {
+                Err(RequestError::Json(m)) => assert!(!m.is_empty()),
+                Err(e) => panic!("{extra}: {e}"),
+                Ok(_) => panic!("{extra}: accepted"),
+            }
+        }
+        assert!(matches!(
+            body(", \"n\": 2"),
+            Err(RequestError::Unsupported { .. })
+        ));
     }
 
     #[test]
