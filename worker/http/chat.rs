@@ -53,9 +53,9 @@ pub(super) async fn chat(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let asked = read(&state, &caller, &headers, &body).await?;
-    if let Some(system) = asked.fields.system.as_deref() {
-        if state.settings.http.system_message == SystemMessage::Persona {
-            super::models::set_persona(&state.pool, asked.character, &asked.user, system).await?;
+    if state.settings.http.system_message == SystemMessage::Persona {
+        if let Some(persona) = asked.fields.persona()? {
+            super::models::set_persona(&state.pool, asked.character, &asked.user, persona).await?;
         }
     }
     // Subscribe before enqueueing, so a fast completion cannot slip past us.
@@ -138,9 +138,10 @@ impl From<RequestError> for ApiError {
     }
 }
 
-// The reader cannot see `keys` (it builds without the crate); the bound must stay the
-// user id's, which the same indexes hold.
+// The reader cannot see `keys` or `characters` (it builds without the crate); its bounds
+// must stay theirs: the same indexes hold the ids, and a persona is a persona.
 const _: () = assert!(request::MAX_ID_BYTES == crate::keys::MAX_USER_BYTES);
+const _: () = assert!(request::MAX_PERSONA_CHARS == crate::characters::MAX_PERSONA_CHARS);
 
 fn history_limits(state: &AppState) -> queue::HistoryLimits {
     queue::HistoryLimits {

@@ -64,16 +64,25 @@ pub enum RequestError {
     BackgroundTask { marker: String },
     #[error("X-Timeout-Ms must be a whole number of milliseconds")]
     Timeout,
+    /// A system message that would become the character's persona past what an edit of
+    /// the persona takes (`characters::check`).
+    #[error(
+        "invalid `messages`: the system message becomes the character's persona \
+         (http.system_message = persona), which is at most {limit} characters, without \
+         control characters but tab, CR and LF"
+    )]
+    Persona { limit: usize },
 }
 
 impl RequestError {
-    /// The request field the refusal is about, for OpenAI's `param`; only the sampling and
-    /// unsupported fields have named one, so only they do.
+    /// The request field the refusal is about, for OpenAI's `param`; only the refusals of
+    /// one field have named one, so only they do.
     pub fn param(&self) -> Option<&'static str> {
         match self {
             RequestError::Unsupported { field, .. } | RequestError::Invalid { field, .. } => {
                 Some(field)
             }
+            RequestError::Persona { .. } => Some("messages"),
             _ => None,
         }
     }

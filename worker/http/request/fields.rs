@@ -17,6 +17,27 @@ pub struct Fields {
     pub system: Option<String>,
 }
 
+/// The longest persona a character takes (`characters::MAX_PERSONA_CHARS`, which the HTTP
+/// layer holds this to): its base prompt is built from it on every turn.
+pub const MAX_PERSONA_CHARS: usize = 8_000;
+
+impl Fields {
+    /// The system message as the character's persona (`http.system_message = persona`),
+    /// held to what an edit of the character is held to: it is one, by another door.
+    pub fn persona(&self) -> Result<Option<&str>, RequestError> {
+        let Some(system) = self.system.as_deref() else {
+            return Ok(None);
+        };
+        let control = |c: char| c.is_control() && !matches!(c, '\n' | '\r' | '\t');
+        if system.chars().count() > MAX_PERSONA_CHARS || system.chars().any(control) {
+            return Err(RequestError::Persona {
+                limit: MAX_PERSONA_CHARS,
+            });
+        }
+        Ok(Some(system))
+    }
+}
+
 /// Reads `body` (the request's JSON object). Refusals come first, so a request kvmem
 /// cannot answer as asked never queues a turn.
 pub fn read(body: &Value) -> Result<Fields, RequestError> {

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 pub use dialogue::Dialogue;
 pub use error::RequestError;
-pub use fields::Fields;
+pub use fields::{Fields, MAX_PERSONA_CHARS};
 
 /// The longest id a request may give (a session, a key): the queue's B-tree indexes hold
 /// far longer, so a longer one is a client's bug, answered 400. The user id's bound
@@ -259,6 +259,36 @@ mod tests {
         assert_eq!(timeout_ms(Some(" 7 "), 5, 10), Ok(7));
         assert_eq!(timeout_ms(Some("99"), 5, 10), Ok(10));
         assert_eq!(timeout_ms(Some("-1"), 5, 10), Err(RequestError::Timeout));
+    }
+
+    #[test]
+    fn a_system_message_is_a_persona_only_within_a_personas_bounds() {
+        let system = |text: &str| {
+            let messages = serde_json::json!([
+                {"role": "system", "content": text}, {"role": "user", "content": "hi"}
+            ]);
+            let req = read(
+                format!("{{\"messages\": {messages}}}").as_bytes(),
+                None,
+                None,
+            );
+            let req = req.unwrap_or_else(|e| panic!("{e}"));
+            req.fields.persona().map(|p| p.map(str::to_string))
+        };
+        assert_eq!(
+            system("You are Ada.\n\tBrief."),
+            Ok(Some("You are Ada.\n\tBrief.".into()))
+        );
+        assert_eq!(
+            system(&"x".repeat(MAX_PERSONA_CHARS)).map(|p| p.is_some()),
+            Ok(true)
+        );
+        let limit = MAX_PERSONA_CHARS;
+        for bad in ["x".repeat(limit + 1), "You are \u{1b}[31mAda".into()] {
+            let e = system(&bad).expect_err("refused");
+            assert_eq!(e, RequestError::Persona { limit });
+            assert_eq!(e.param(), Some("messages"));
+        }
     }
 
     #[test]
