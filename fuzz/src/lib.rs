@@ -1,14 +1,21 @@
 //! Shared code for kvmem's fuzz targets: the LLKV1 parser compiled in from
-//! `worker/snapshot/format/` (no dependency on the kvmem crate, so no llama.cpp build), the
-//! limits the targets parse with, the invariants every successful parse must satisfy, and
-//! a structure-aware builder that makes valid snapshots and edits them so the fuzzer gets
-//! past the two CRC32Cs into the deep parsing code.
+//! `worker/snapshot/format/` and the chat request reader from `worker/http/request/` (no
+//! dependency on the kvmem crate, so no llama.cpp build), the limits the targets parse
+//! with, the invariants every successful parse must satisfy, and structure-aware builders:
+//! one makes valid snapshots and edits them so the fuzzer gets past the two CRC32Cs into
+//! the deep parsing code, one makes chat requests near every bound the reader checks.
 
+mod chat;
+mod chat_plan;
 mod plan;
+#[path = "../../worker/http/request/mod.rs"]
+pub mod request;
 #[path = "../../worker/snapshot/format/mod.rs"]
 pub mod snapshot;
 
 use arbitrary::Arbitrary;
+pub use chat::{check_chat_request, Headers, Rules};
+pub use chat_plan::ChatPlan;
 pub use plan::*;
 use snapshot::{
     decode, encode, parse_header, parse_segments, Compression, Header, Limits, SegKind, Segment,
