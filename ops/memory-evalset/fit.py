@@ -13,6 +13,9 @@ Fit on the tuning half only. The reporting half is read once, for the figures pu
   fit.py grid DUMP                      the hybrid's weights, one at a time, around today's
   fit.py compare DUMP                   today's hybrid beside the standardised one (below)
   fit.py legs DUMP                      R@10 of each leg alone, ranking the same candidates
+  fit.py zfit DUMP                      the standardised hybrid's weights re-fitted on one
+                                        dump (coordinate ascent from today's, each weight
+                                        scaled by 0 to 3 in turn until none gains 0.002)
   fit.py lift DUMP CHATS                a neighbour lift's reach, decay and weight (and the
                                         BM25 weight beside it), over the standardised hybrid;
                                         CHATS is the half's import file (turn order). Measured
@@ -219,6 +222,27 @@ def lift(qs, chats):
 LIFT = (3, 1.0, 0.1)
 
 
+def zfit(qs):
+    def r10(w):
+        return evaluate_scorers(qs, [standardised(q, w) for q in qs])["all"]
+    best = dict(ZHYBRID)
+    score = r10(best)
+    print(f"today's weights {best}: R@10 {score:.3f}")
+    improved = True
+    while improved:
+        improved = False
+        for key in ZHYBRID:
+            for f in (0.0, 0.25, 0.5, 0.75, 1.33, 2.0, 3.0):
+                w = dict(best, **{key: round(best[key] * f, 4) if best[key] else 0.1 * f})
+                r = r10(w)
+                if r > score + 0.002:
+                    best, score, improved = w, r, True
+                    print(f"  {key} -> {w[key]}: R@10 {r:.3f}")
+    print(f"fitted {best}: R@10 {score:.3f}")
+    for k in (5, 10):
+        print(f"fitted R@{k}: {fmt(evaluate_scorers(qs, [standardised(q, best) for q in qs], k))}")
+
+
 def kinds(qs, chats):
     pos = positions(chats)
     bases = [standardised(q) for q in qs]
@@ -273,6 +297,8 @@ def main():
         compare(dump)
     elif cmd == "legs":
         legs(dump)
+    elif cmd == "zfit":
+        zfit(dump)
     elif cmd == "lift" and len(sys.argv) == 4:
         lift(dump, sys.argv[3])
     elif cmd == "kinds" and len(sys.argv) == 4:

@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- Which of a chunk's (user, message id) pairs are already stored, and whether they still
 -- lack a vector (autocommit read; makes re-imports idempotent and lets them backfill; a
 -- vector of another model waits for `kvmem memory reindex`).

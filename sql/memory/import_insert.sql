@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- One import chunk (inside the chunk's transaction): new messages only; a message id
 -- already stored for the user is left as it is (idempotent import).
 INSERT INTO memory_messages (user_id, character_id, guild_id, channel_id, session_id, message_id,

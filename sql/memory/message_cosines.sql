@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- The query's ($3) cosine with chosen messages of one user (candidates of the other legs
 -- that the vector list did not reach), where their vector is of the query's model $4;
 -- autocommit read.

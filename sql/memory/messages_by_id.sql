@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- The rows of the chosen candidates (autocommit read; the user filter keeps the wall even
 -- if an id leaked across users), each with its cosine to the query $3 when one is given
 -- and their vector is of the query's model $4 (the same expression as message_cosines.sql).

@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- The nearest of one user's message vectors to the query ($5) by cosine, every vector
 -- compared (the second sort key keeps the HNSW index out: exact, and ties broken by id).
 -- For users small enough that reading their rows is cheaper than the index; autocommit.

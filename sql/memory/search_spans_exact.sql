@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- The nearest of one user's span vectors to the query ($5), every vector compared (the
 -- second sort key keeps the HNSW index out: exact, ties broken by id), spread to the
 -- messages of their spans by spread_spans.sql, which follows. $6 spans, of

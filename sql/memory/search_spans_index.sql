@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- The nearest of one user's span vectors to the query ($5) from the HNSW index (the
 -- caller's transaction sets hnsw.ef_search and hnsw.iterative_scan, so that rows of other
 -- users skipped by the filter do not leave the list short), spread to the

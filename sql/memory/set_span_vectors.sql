@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- Stores span vectors of model $3 (import, lane, reindex); one statement, autocommit.
 UPDATE memory_messages m
    SET span_embedding = v.embedding, span_embed_model = $3

@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- Messages without a span vector (with $5, also those whose span vector is not of model $4:
 -- reindex after a switch), oldest first, each with its span: the message and
 -- up to four before it in its session, "Speaker: text" oldest first ($1 NULL = every

@@ -1,3 +1,4 @@
+-- kvmem: message vectors (worker/memory/columns.rs names the columns of the embedder's width)
 -- Messages without a vector of model $4 (none, or another model's), oldest first (reindex
 -- and search backfill); $1 NULL = every user. Autocommit read.
 SELECT id, speaker, text, context

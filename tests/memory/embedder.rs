@@ -385,9 +385,9 @@ fn each_embedder_carries_its_own_relevance_threshold() {
     }
 }
 
-/// EmbeddingGemma-300M as `ops/fetch-embedder gemma` converts it (768-wide: kvmem embeds
-/// with it but cannot store its vectors yet). Unset: the test says SKIPPED loudly and passes.
-fn gemma_path() -> Option<PathBuf> {
+/// EmbeddingGemma-300M as `ops/fetch-embedder gemma` converts it (768 wide, stored in the
+/// columns of that width). Unset: the test says SKIPPED loudly and passes.
+pub(crate) fn gemma_path() -> Option<PathBuf> {
     match std::env::var_os("KVMEM_TEST_GEMMA") {
         Some(p) => Some(PathBuf::from(p)),
         None => {

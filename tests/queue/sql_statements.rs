@@ -7,6 +7,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
+use kvmem::memory::columns::{self, Columns};
 use sqlx::{Executor, PgPool};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -138,6 +139,7 @@ async fn every_statement_the_worker_loads_prepares_against_the_migrated_schema(p
 
     let mut failures = Vec::new();
     let mut prepared = 0;
+    let mut prepared_wide = 0;
     for unit in units
         .iter()
         .filter(|u| !u.iter().any(|p| run_by_migrate(p)))
@@ -150,8 +152,20 @@ async fn every_statement_the_worker_loads_prepares_against_the_migrated_schema(p
             Ok(_) => prepared += 1,
             Err(e) => failures.push(format!("{unit:?}: {e}")),
         }
+        // A statement over message vectors runs on the 768-wide columns too.
+        if sql.contains(columns::MARK) {
+            let wide = Columns::WIDE.sql(Box::leak(sql.into_boxed_str()));
+            match (&pool).prepare(wide).await {
+                Ok(_) => prepared_wide += 1,
+                Err(e) => failures.push(format!("{unit:?}, 768 wide: {e}")),
+            }
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // The scan itself could silently find nothing (a moved folder, a new macro form).
     assert!(prepared > 100, "only {prepared} statements found");
+    assert!(
+        prepared_wide >= 16,
+        "only {prepared_wide} statements over message vectors found"
+    );
 }

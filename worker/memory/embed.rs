@@ -183,6 +183,13 @@ impl Embedder {
             .map_err(|e| err(format!("llama.cpp could not load it: {e}")))?;
         // Loaded once per process, like the chat model.
         let model: &'static LlamaModel = Box::leak(Box::new(model));
+        let dims = model.n_embd() as usize;
+        if crate::memory::columns::Columns::of_width(dims).is_none() {
+            return Err(err(format!(
+                "its vectors are {dims} wide; memory_messages has columns {:?} wide",
+                crate::memory::columns::WIDTHS
+            )));
+        }
         let meta = |key: &str| model.meta_val_str(key).ok();
         let window = meta(WINDOW_KEY)
             .and_then(|w| w.parse::<usize>().ok())
@@ -210,7 +217,7 @@ impl Embedder {
             model,
             ctx: Mutex::new(ctx),
             query: Mutex::new(query),
-            dims: model.n_embd() as usize,
+            dims,
             name: path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())

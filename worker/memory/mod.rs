@@ -9,7 +9,8 @@
 //! model thread, bulk import), `ingest::jobs` (the memory lane), [`notes`] (the character's own:
 //! remember this about X, memory lines, the explicit-facts blob), `notes::todos` (seed 001's
 //! persona-scoped open loops), [`embed`] (MiniLM on llama.cpp, shared by store, search and
-//! ingest) and [`render`] (journal and MEMORY.md, for both faces). The faces themselves
+//! ingest), [`columns`] (which columns hold a message's vectors, by the embedder's
+//! width) and [`render`] (journal and MEMORY.md, for both faces). The faces themselves
 //! are `cmd::memory` and `http::memory_api`.
 //!
 //! What the rooms share sits in files of its own below them, so that no room imports this
@@ -19,6 +20,7 @@
 //! seam), `events` (failures recorded rather than returned) and `job` (what a lane job
 //! carries). This file only declares the rooms and names the layer's public types.
 
+pub mod columns;
 pub mod embed;
 mod error;
 mod events;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use sqlx::PgPool;
 
+use super::columns::Columns;
 use super::embed::{self, Embedder};
 use super::error::Result;
 use super::events::event;
@@ -109,6 +110,15 @@ impl MemoryService {
     /// prefix); `None` without an embedder.
     pub fn model_id(&self) -> Option<&str> {
         self.embedder.as_deref().map(|e| e.id.as_str())
+    }
+
+    /// The message-vector columns of the embedder's width (the narrow ones without an
+    /// embedder: no vector of `model_id` None is ever read).
+    pub fn columns(&self) -> Columns {
+        self.embedder
+            .as_deref()
+            .and_then(|e| Columns::of_width(e.dims))
+            .unwrap_or(Columns::NARROW)
     }
 
     /// The embedder's cosine from which a line is about a query (recall's gate).

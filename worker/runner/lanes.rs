@@ -12,6 +12,7 @@ use tracing::warn;
 use super::generator::{Deps, Generator};
 use crate::engine::{Busy, Engine};
 use crate::lane;
+use crate::memory::ingest::backfill::Reembed;
 use crate::memory::MemoryService;
 use crate::summary::jobs::SummaryLane;
 use crate::summary::SummaryService;
@@ -27,17 +28,37 @@ pub(super) async fn idle_lanes(deps: Deps, slots: Arc<Semaphore>, shutdown: Canc
     let summary = summary_service(&deps, &slots).await;
     let all = deps.settings.queue.concurrency as usize;
     let rest = Duration::from_millis(deps.settings.queue.poll_ms.max(100));
+    let mut reembed = Reembed::default();
     while !shutdown.is_cancelled() {
         let idle = slots.available_permits() == all;
         let worked = idle && {
             lane::step(memory.as_ref()).await
                 || lane::step(summary.as_ref().map(SummaryLane::now).as_ref()).await
+                || reembed_step(memory.as_ref(), &mut reembed).await
         };
         if !worked {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = tokio::time::sleep(rest) => {}
             }
+        }
+    }
+}
+
+/// Last of the idle work: vectors of the configured embedder for rows stored before it was
+/// configured (a switch of embedder), a few at a time; true if it stored any.
+async fn reembed_step(memory: Option<&MemoryService>, reembed: &mut Reembed) -> bool {
+    let Some(svc) = memory else {
+        return false;
+    };
+    if reembed.is_done() {
+        return false;
+    }
+    match reembed.step(svc).await {
+        Ok(n) => n > 0,
+        Err(e) => {
+            warn!(error = %e, "re-embedding step failed");
+            false
         }
     }
 }

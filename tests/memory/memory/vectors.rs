@@ -379,3 +379,183 @@ async fn the_named_speakers_turns_alone_are_scored_in_their_voice(pool: PgPool) 
         both.hits
     );
 }
+
+/// A 768-wide embedder (EmbeddingGemma) keeps its vectors in their own columns beside the
+/// 384-wide ones: before a reindex its searches fall back to the lexical legs and write
+/// nothing; a reindex fills its columns and leaves e5's vectors and e5's searches exactly
+/// as they were; its index returns what its exact scan does, and neither ever returns
+/// another user's row.
+#[sqlx::test(migrations = false)]
+async fn a_wider_embedder_has_columns_of_its_own_and_keeps_the_wall(pool: PgPool) {
+    let Some(gemma_path) = crate::embedder::gemma_path() else {
+        return;
+    };
+    let e5 = service(&pool).await;
+    import_fixture(&e5).await;
+    import_carol(&e5, 120, |i| {
+        (
+            "Carol",
+            format!("My sister moved to Porto with her beagle puppy, note {i}"),
+        )
+    })
+    .await;
+    let query = "where did my sister move";
+    let e5_hits = || async {
+        search::search(&e5, &req("alice", query, RankerKind::Hybrid))
+            .await
+            .unwrap()
+            .hits
+            .iter()
+            .map(|h| (h.id.clone(), h.score.to_bits()))
+            .collect::<Vec<_>>()
+    };
+    let e5_before = e5_hits().await;
+    let narrow = "SELECT count(*) FROM memory_messages WHERE embedding IS NOT NULL";
+    let wide = "SELECT count(*) FROM memory_messages WHERE embedding_768 IS NOT NULL";
+    let narrow_before = count(&pool, narrow).await;
+    assert!(narrow_before > 120, "{narrow_before}");
+
+    let gemma_embedder = Embedder::shared(&gemma_path, 1).expect("load EmbeddingGemma");
+    assert_eq!(gemma_embedder.dims, 768);
+    let gemma = kvmem::system::memory_service_on(
+        pool.clone(),
+        config(Some(gemma_path)),
+        Some(gemma_embedder),
+    );
+    let lexical_only = search::search(&gemma, &req("alice", query, RankerKind::Hybrid))
+        .await
+        .unwrap();
+    assert!(lexical_only.without_vector > 0, "{lexical_only:?}");
+    assert_eq!(count(&pool, wide).await, 0, "a search wrote a vector");
+
+    let wrote = import::reindex(&gemma, None, false).await.unwrap();
+    assert!(wrote > 0);
+    assert_eq!(count(&pool, wide).await, narrow_before);
+    assert_eq!(count(&pool, narrow).await, narrow_before);
+    assert_eq!(
+        e5_hits().await,
+        e5_before,
+        "gemma's reindex moved e5's search"
+    );
+
+    let mut index = gemma.clone();
+    index.config.exact_search_max = 0;
+    for (user, prefix) in [("alice", "a-"), ("carol", "c-")] {
+        for ranker in [RankerKind::Vector, RankerKind::Hybrid] {
+            let a = search::search(&gemma, &req(user, query, ranker))
+                .await
+                .unwrap();
+            let b = search::search(&index, &req(user, query, ranker))
+                .await
+                .unwrap();
+            assert_eq!(a.without_vector, 0, "{a:?}");
+            assert!(!a.hits.is_empty(), "{user} {ranker:?}");
+            let ids = |r: &search::SearchResponse| {
+                r.hits
+                    .iter()
+                    .map(|h| (h.id.clone(), h.score.to_bits()))
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(ids(&a), ids(&b), "{user} {ranker:?}");
+            assert!(
+                b.hits.iter().all(|h| h.id.starts_with(prefix)),
+                "{user}: {b:?}"
+            );
+        }
+    }
+    // The wide statement, under the index settings, reads the wide index.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(include_str!("../../../sql/memory/hnsw_settings.sql"))
+        .bind("200")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let q = pgvector::Vector::from(vec![0.03_f32; 768]);
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (FORMAT JSON) {}",
+        kvmem::memory::columns::Columns::WIDE.sql(include_str!(
+            "../../../sql/memory/search_messages_vectors.sql"
+        ))
+    ))
+    .bind("alice")
+    .bind(None::<i64>)
+    .bind(None::<String>)
+    .bind(None::<chrono::DateTime<chrono::Utc>>)
+    .bind(&q)
+    .bind(100_i64)
+    .bind(gemma.model_id().expect("an embedder"))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert!(
+        plan.to_string()
+            .contains("memory_messages_embedding_768_hnsw"),
+        "{plan}"
+    );
+}
+
+/// After a switch of embedder, the worker's idle re-embed gives every stored message, span
+/// and fact a vector of the new model a step at a time, of every user, without touching
+/// the old model's vectors; a pass that reaches the end is done and writes nothing more.
+#[sqlx::test(migrations = false)]
+async fn the_idle_re_embed_fills_the_new_models_columns_and_stops(pool: PgPool) {
+    let Some(gemma_path) = crate::embedder::gemma_path() else {
+        return;
+    };
+    let e5 = service(&pool).await;
+    import_fixture(&e5).await;
+    import_carol(&e5, 20, |i| ("Carol", format!("Porto trip note {i}"))).await;
+    let mut f = fact("alice", "Alice's sister Ana moved to Porto", &[]);
+    e5.embed_memory(&mut f).await;
+    store::upsert(&pool, f).await.unwrap();
+    let messages = count(&pool, "SELECT count(*) FROM memory_messages").await;
+    let e5_vectors = "SELECT count(*) FROM memory_messages WHERE embedding IS NOT NULL \
+                      AND span_embedding IS NOT NULL";
+    let e5_before = count(&pool, e5_vectors).await;
+    assert!(e5_before > 20, "{e5_before}");
+
+    let gemma = kvmem::system::memory_service_on(
+        pool.clone(),
+        config(Some(gemma_path.clone())),
+        Some(Embedder::shared(&gemma_path, 1).expect("load EmbeddingGemma")),
+    );
+    let model = gemma.model_id().unwrap().to_string();
+    let mut reembed = backfill::Reembed::default();
+    let (mut steps, mut stored) = (0, 0);
+    while !reembed.is_done() {
+        stored += reembed.step(&gemma).await.unwrap();
+        steps += 1;
+        assert!(steps < 100, "the re-embed never ended");
+    }
+    // Every message and span, and the fact, once each.
+    assert_eq!(stored as i64, 2 * messages + 1);
+    assert!(steps > 2, "{steps} steps: the messages came in one step");
+    let wide: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM memory_messages WHERE embed_model_768 = $1 \
+         AND span_embed_model_768 = $1 AND vector_dims(embedding_768) = 768",
+    )
+    .bind(&model)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(wide, messages);
+    let facts: i64 = sqlx::query_scalar("SELECT count(*) FROM memories WHERE embed_model = $1")
+        .bind(&model)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(facts, 1);
+    assert_eq!(
+        count(&pool, e5_vectors).await,
+        e5_before,
+        "e5's vectors were touched"
+    );
+    assert_eq!(reembed.step(&gemma).await.unwrap(), 0);
+    let s = search::search(
+        &gemma,
+        &req("alice", "where did Ana move", RankerKind::Hybrid),
+    )
+    .await
+    .unwrap();
+    assert_eq!((s.without_vector, s.facts_without_vector), (0, 0), "{s:?}");
+}

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use serde::{Deserialize, Serialize};
 
+use crate::memory::columns::Columns;
 use crate::memory::embed::{to_bytes, Role};
 use crate::memory::error::{MemoryError, Result};
 use crate::memory::search::{message_key, spans};
@@ -280,12 +281,14 @@ async fn import_chunk(
 ) -> Result<(usize, usize, usize, usize)> {
     let users: Vec<&str> = chunk.iter().map(|l| l.user_id.as_str()).collect();
     let mids: Vec<&str> = chunk.iter().map(|l| l.message_id.as_str()).collect();
-    let existing =
-        sqlx::query_as::<_, Existing>(include_str!("../../../sql/memory/import_existing.sql"))
-            .bind(&users)
-            .bind(&mids)
-            .fetch_all(&svc.pool)
-            .await?;
+    let existing = sqlx::query_as::<_, Existing>(
+        svc.columns()
+            .sql(include_str!("../../../sql/memory/import_existing.sql")),
+    )
+    .bind(&users)
+    .bind(&mids)
+    .fetch_all(&svc.pool)
+    .await?;
     let stored: HashSet<(String, String)> = existing
         .iter()
         .map(|r| (r.user_id.clone(), r.message_id.clone()))
@@ -305,12 +308,15 @@ async fn import_chunk(
     let mut tx = svc.pool.begin().await?;
     let ids = insert_fresh(svc, &mut tx, &fresh, &fresh_vecs, embedded_any).await?;
     if !back_vecs.is_empty() {
-        sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
-            .bind(missing.iter().map(|m| m.0).collect::<Vec<_>>())
-            .bind(&back_vecs)
-            .bind(svc.model_id())
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            svc.columns()
+                .sql(include_str!("../../../sql/memory/set_message_vectors.sql")),
+        )
+        .bind(missing.iter().map(|m| m.0).collect::<Vec<_>>())
+        .bind(&back_vecs)
+        .bind(svc.model_id())
+        .execute(&mut *tx)
+        .await?;
     }
     tx.commit().await?;
     let inserted = ids.len();
@@ -361,48 +367,49 @@ async fn insert_fresh(
     embedded: bool,
 ) -> Result<Vec<i64>> {
     let model = if embedded { svc.model_id() } else { None };
-    Ok(
-        sqlx::query_scalar(include_str!("../../../sql/memory/import_insert.sql"))
-            .bind(fresh.iter().map(|l| l.user_id.clone()).collect::<Vec<_>>())
-            .bind(fresh.iter().map(|l| l.character_id).collect::<Vec<_>>())
-            .bind(fresh.iter().map(|l| l.guild_id.clone()).collect::<Vec<_>>())
-            .bind(
-                fresh
-                    .iter()
-                    .map(|l| l.channel_id.clone())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                fresh
-                    .iter()
-                    .map(|l| l.session_id.clone())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                fresh
-                    .iter()
-                    .map(|l| l.message_id.clone())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(fresh.iter().map(|l| l.speaker.clone()).collect::<Vec<_>>())
-            .bind(fresh.iter().map(|l| l.text.clone()).collect::<Vec<_>>())
-            .bind(fresh.iter().map(|l| l.at).collect::<Vec<_>>())
-            .bind(fresh.iter().map(|l| l.context.clone()).collect::<Vec<_>>())
-            .bind(fresh_vecs)
-            .bind(model)
-            .fetch_all(&mut **tx)
-            .await?,
+    Ok(sqlx::query_scalar(
+        svc.columns()
+            .sql(include_str!("../../../sql/memory/import_insert.sql")),
     )
+    .bind(fresh.iter().map(|l| l.user_id.clone()).collect::<Vec<_>>())
+    .bind(fresh.iter().map(|l| l.character_id).collect::<Vec<_>>())
+    .bind(fresh.iter().map(|l| l.guild_id.clone()).collect::<Vec<_>>())
+    .bind(
+        fresh
+            .iter()
+            .map(|l| l.channel_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        fresh
+            .iter()
+            .map(|l| l.session_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        fresh
+            .iter()
+            .map(|l| l.message_id.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(fresh.iter().map(|l| l.speaker.clone()).collect::<Vec<_>>())
+    .bind(fresh.iter().map(|l| l.text.clone()).collect::<Vec<_>>())
+    .bind(fresh.iter().map(|l| l.at).collect::<Vec<_>>())
+    .bind(fresh.iter().map(|l| l.context.clone()).collect::<Vec<_>>())
+    .bind(fresh_vecs)
+    .bind(model)
+    .fetch_all(&mut **tx)
+    .await?)
 }
 
 /// A row a reindex embeds: where its kind is read and written, and the text its vector is
 /// taken of. Messages and facts page, embed and commit alike; only these differ.
 trait Unembedded: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin {
-    /// The next chunk without a vector of the current model: binds user, after id, limit,
-    /// model.
-    const SELECT: &'static str;
-    /// Writes the chunk's vectors: binds ids, vectors, model.
-    const STORE: &'static str;
+    /// The next chunk without a vector of the current model, for the embedder's `columns`:
+    /// binds user, after id, limit, model.
+    fn select(columns: Columns) -> &'static str;
+    /// Writes the chunk's vectors into `columns`: binds ids, vectors, model.
+    fn store(columns: Columns) -> &'static str;
     fn id(&self) -> i64;
     fn key(&self) -> String;
     /// The vectors as the store's column takes them.
@@ -421,8 +428,12 @@ struct UnembeddedMessage {
 }
 
 impl Unembedded for UnembeddedMessage {
-    const SELECT: &'static str = include_str!("../../../sql/memory/unembedded_messages.sql");
-    const STORE: &'static str = include_str!("../../../sql/memory/set_message_vectors.sql");
+    fn select(columns: Columns) -> &'static str {
+        columns.sql(include_str!("../../../sql/memory/unembedded_messages.sql"))
+    }
+    fn store(columns: Columns) -> &'static str {
+        columns.sql(include_str!("../../../sql/memory/set_message_vectors.sql"))
+    }
     fn id(&self) -> i64 {
         self.id
     }
@@ -444,8 +455,13 @@ struct UnembeddedFact {
 }
 
 impl Unembedded for UnembeddedFact {
-    const SELECT: &'static str = include_str!("../../../sql/memory/unembedded_memories.sql");
-    const STORE: &'static str = include_str!("../../../sql/memory/set_memory_vectors.sql");
+    // Facts keep their vector in `memories.embedding` (bytea), of any width.
+    fn select(_: Columns) -> &'static str {
+        include_str!("../../../sql/memory/unembedded_memories.sql")
+    }
+    fn store(_: Columns) -> &'static str {
+        include_str!("../../../sql/memory/set_memory_vectors.sql")
+    }
     fn id(&self) -> i64 {
         self.id
     }
@@ -469,12 +485,19 @@ pub async fn reindex(svc: &MemoryService, user: Option<&str>, progress: bool) ->
                 .into(),
         ));
     };
-    let (messages, spans_todo, facts): (i64, i64, i64) =
-        sqlx::query_as(include_str!("../../../sql/memory/reindex_todo.sql"))
-            .bind(user)
-            .bind(model)
-            .fetch_one(&svc.pool)
-            .await?;
+    let (messages, spans_todo): (i64, i64) = sqlx::query_as(
+        svc.columns()
+            .sql(include_str!("../../../sql/memory/reindex_todo.sql")),
+    )
+    .bind(user)
+    .bind(model)
+    .fetch_one(&svc.pool)
+    .await?;
+    let facts: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/reindex_todo_facts.sql"))
+        .bind(user)
+        .bind(model)
+        .fetch_one(&svc.pool)
+        .await?;
     let bar = if progress {
         let bar = indicatif::ProgressBar::new((messages + spans_todo + facts).max(0) as u64);
         bar.set_style(
@@ -515,7 +538,7 @@ async fn reindex_rows<R: Unembedded>(
     let mut after = 0i64;
     let mut done = 0;
     loop {
-        let rows: Vec<R> = sqlx::query_as(R::SELECT)
+        let rows: Vec<R> = sqlx::query_as(R::select(svc.columns()))
             .bind(user)
             .bind(after)
             .bind(CHUNK as i64)
@@ -528,7 +551,7 @@ async fn reindex_rows<R: Unembedded>(
         after = last.id();
         let ids: Vec<i64> = rows.iter().map(R::id).collect();
         let vecs = passages(svc, rows.iter().map(R::key).collect()).await?;
-        R::bind_vectors(sqlx::query(R::STORE).bind(&ids), vecs)
+        R::bind_vectors(sqlx::query(R::store(svc.columns())).bind(&ids), vecs)
             .bind(svc.model_id())
             .execute(&svc.pool)
             .await?;

@@ -142,11 +142,13 @@ async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json:
     let Some(mid) = message else {
         return Ok(json!({"skipped": "message deleted"}));
     };
-    let Some(m) =
-        sqlx::query_as::<_, JobMessage>(include_str!("../../../sql/memory/job_message.sql"))
-            .bind(mid)
-            .fetch_optional(&svc.pool)
-            .await?
+    let Some(m) = sqlx::query_as::<_, JobMessage>(
+        svc.columns()
+            .sql(include_str!("../../../sql/memory/job_message.sql")),
+    )
+    .bind(mid)
+    .fetch_optional(&svc.pool)
+    .await?
     else {
         return Ok(json!({"skipped": "message deleted"}));
     };
@@ -232,12 +234,15 @@ async fn embed_message(
 ) -> Result<()> {
     let key = message_key(&m.speaker, &m.text, m.context.as_deref());
     if let Some(v) = svc.embed(vec![key], Role::Passage).await {
-        sqlx::query(include_str!("../../../sql/memory/set_message_vectors.sql"))
-            .bind(vec![mid])
-            .bind(vec![pgvector::Vector::from(v[0].clone())])
-            .bind(svc.model_id())
-            .execute(&svc.pool)
-            .await?;
+        sqlx::query(
+            svc.columns()
+                .sql(include_str!("../../../sql/memory/set_message_vectors.sql")),
+        )
+        .bind(vec![mid])
+        .bind(vec![pgvector::Vector::from(v[0].clone())])
+        .bind(svc.model_id())
+        .execute(&svc.pool)
+        .await?;
         result["embedded"] = json!(true);
         // Its span: the turns before it are in, as the lane keeps each user's order. A
         // few older messages without one go along (a history from before spans existed

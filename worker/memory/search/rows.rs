@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use pgvector::Vector;
 use sqlx::PgPool;
 
+use super::super::columns::Columns;
 use super::super::error::Result;
 use super::types::ranks;
 
@@ -37,15 +38,17 @@ pub(super) async fn fetch_messages(
     q: Option<&Vector>,
     model: Option<&str>,
 ) -> Result<Vec<MsgRow>> {
-    let mut out =
-        sqlx::query_as::<_, MsgRow>(include_str!("../../../sql/memory/messages_by_id.sql"))
-            .persistent(false)
-            .bind(user)
-            .bind(ids)
-            .bind(q)
-            .bind(model)
-            .fetch_all(pool)
-            .await?;
+    let mut out = sqlx::query_as::<_, MsgRow>(
+        q.map_or(Columns::NARROW, Columns::of_query)
+            .sql(include_str!("../../../sql/memory/messages_by_id.sql")),
+    )
+    .persistent(false)
+    .bind(user)
+    .bind(ids)
+    .bind(q)
+    .bind(model)
+    .fetch_all(pool)
+    .await?;
     let pos = ranks(ids);
     out.sort_by_key(|r| pos.get(&r.id).copied().unwrap_or(usize::MAX));
     Ok(out)

@@ -43,29 +43,43 @@ pub async fn fill_counting(
     other_models: bool,
     done_now: &(dyn Fn(usize) + Sync),
 ) -> Result<usize> {
+    fill_after(svc, user, &mut 0, max, other_models, done_now).await
+}
+
+/// [`fill_counting`] from the message after `after`, which it moves past each message it
+/// read: a caller that fills a little at a time resumes there.
+pub async fn fill_after(
+    svc: &MemoryService,
+    user: Option<&str>,
+    after: &mut i64,
+    max: Option<usize>,
+    other_models: bool,
+    done_now: &(dyn Fn(usize) + Sync),
+) -> Result<usize> {
     if svc.embedder.is_none() {
         return Ok(0);
     }
-    let mut after = 0i64;
     let mut done = 0;
     loop {
         let left = max.map_or(FILL_CHUNK, |m| (m - done.min(m)) as i64);
         if left == 0 {
             return Ok(done);
         }
-        let rows: Vec<SpanText> =
-            sqlx::query_as(include_str!("../../../sql/memory/span_texts.sql"))
-                .bind(user)
-                .bind(after)
-                .bind(left.min(FILL_CHUNK))
-                .bind(svc.model_id())
-                .bind(other_models)
-                .fetch_all(&svc.pool)
-                .await?;
+        let rows: Vec<SpanText> = sqlx::query_as(
+            svc.columns()
+                .sql(include_str!("../../../sql/memory/span_texts.sql")),
+        )
+        .bind(user)
+        .bind(*after)
+        .bind(left.min(FILL_CHUNK))
+        .bind(svc.model_id())
+        .bind(other_models)
+        .fetch_all(&svc.pool)
+        .await?;
         let Some(last) = rows.last() else {
             return Ok(done);
         };
-        after = last.id;
+        *after = last.id;
         let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
         let texts: Vec<String> = rows.into_iter().map(|r| r.span).collect();
         // A long span is cut at its oldest turns: the message it belongs to is its end.
@@ -78,12 +92,15 @@ pub async fn fill_counting(
                 ))
             })?;
         let vectors: Vec<Vector> = vecs.into_iter().map(Vector::from).collect();
-        sqlx::query(include_str!("../../../sql/memory/set_span_vectors.sql"))
-            .bind(&ids)
-            .bind(&vectors)
-            .bind(svc.model_id())
-            .execute(&svc.pool)
-            .await?;
+        sqlx::query(
+            svc.columns()
+                .sql(include_str!("../../../sql/memory/set_span_vectors.sql")),
+        )
+        .bind(&ids)
+        .bind(&vectors)
+        .bind(svc.model_id())
+        .execute(&svc.pool)
+        .await?;
         done += ids.len();
         done_now(ids.len());
     }

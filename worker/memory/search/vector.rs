@@ -5,6 +5,7 @@
 use pgvector::Vector;
 use sqlx::PgPool;
 
+use super::super::columns::Columns;
 use super::super::error::Result;
 use super::super::service::MemoryService;
 use super::types::{SearchRequest, VECTOR_CANDIDATES};
@@ -53,7 +54,7 @@ pub(super) async fn nearest(
             .execute(&mut *tx)
             .await?;
     }
-    let rows: Vec<(i64, f64)> = sqlx::query_as(sql)
+    let rows: Vec<(i64, f64)> = sqlx::query_as(svc.columns().sql(sql))
         .persistent(false)
         .bind(&scope.user_id)
         .bind(scope.character_id)
@@ -81,8 +82,17 @@ pub(super) struct History {
 }
 
 pub(super) async fn history(svc: &MemoryService, user: &str) -> Result<History> {
-    let (size, indexed, of_model, facts_without): (i64, f64, i64, i64) =
-        sqlx::query_as(include_str!("../../../sql/memory/user_messages.sql"))
+    let (size, indexed, of_model): (i64, f64, i64) = sqlx::query_as(
+        svc.columns()
+            .sql(include_str!("../../../sql/memory/user_messages.sql")),
+    )
+    .persistent(false)
+    .bind(user)
+    .bind(svc.model_id())
+    .fetch_one(&svc.pool)
+    .await?;
+    let facts_without: i64 =
+        sqlx::query_scalar(include_str!("../../../sql/memory/facts_without_vector.sql"))
             .persistent(false)
             .bind(user)
             .bind(svc.model_id())
@@ -126,16 +136,16 @@ pub(super) async fn cosines(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(
-        sqlx::query_as(include_str!("../../../sql/memory/message_cosines.sql"))
-            .persistent(false)
-            .bind(user)
-            .bind(ids)
-            .bind(q)
-            .bind(model)
-            .fetch_all(pool)
-            .await?,
+    Ok(sqlx::query_as(
+        Columns::of_query(q).sql(include_str!("../../../sql/memory/message_cosines.sql")),
     )
+    .persistent(false)
+    .bind(user)
+    .bind(ids)
+    .bind(q)
+    .bind(model)
+    .fetch_all(pool)
+    .await?)
 }
 
 #[cfg(test)]
