@@ -138,18 +138,20 @@ struct JobMessage {
     unembedded: bool,
 }
 
+/// The message an ingest job is about, its vector state read from the embedder's columns.
+async fn job_message(svc: &MemoryService, mid: i64) -> Result<Option<JobMessage>> {
+    let sql = include_str!("../../../sql/memory/job_message.sql");
+    Ok(sqlx::query_as::<_, JobMessage>(svc.columns().sql(sql))
+        .bind(mid)
+        .fetch_optional(&svc.pool)
+        .await?)
+}
+
 async fn ingest(svc: &MemoryService, message: Option<i64>) -> Result<serde_json::Value> {
     let Some(mid) = message else {
         return Ok(json!({"skipped": "message deleted"}));
     };
-    let Some(m) = sqlx::query_as::<_, JobMessage>(
-        svc.columns()
-            .sql(include_str!("../../../sql/memory/job_message.sql")),
-    )
-    .bind(mid)
-    .fetch_optional(&svc.pool)
-    .await?
-    else {
+    let Some(m) = job_message(svc, mid).await? else {
         return Ok(json!({"skipped": "message deleted"}));
     };
     let Some(cleaned) = clean(&m.text) else {
