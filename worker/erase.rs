@@ -178,7 +178,11 @@ pub async fn sweep(
     let fresh: HashMap<String, u64> = rows
         .iter()
         .filter(|(scope, _)| !mark.recent.contains_key(scope))
-        .map(|(scope, at)| (scope.clone(), at.timestamp_millis().max(0) as u64))
+        // Rounded up: a file stamped in the erase's own millisecond was written before it.
+        .map(|(scope, at)| {
+            let millis = (at.timestamp_micros().max(0) as u64).div_ceil(1000);
+            (scope.clone(), millis)
+        })
         .collect();
     let swept = Swept {
         scopes: fresh.len(),
