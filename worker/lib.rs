@@ -27,6 +27,7 @@ pub mod faults;
 pub mod http;
 pub mod keys;
 pub mod lane;
+pub mod maintenance;
 pub mod memory;
 pub mod metrics;
 pub mod pipeline;

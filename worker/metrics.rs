@@ -62,6 +62,12 @@ pub struct Metrics {
     snapshot_cache: crate::snapshot::CacheCounters,
     snapshot_dir_bytes: Gauge,
     retention_rows: Family<TableLabel, Counter>,
+    maintenance_runs: Family<ChoreLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChoreLabel {
+    chore: String,
 }
 
 /// The process-wide metrics: what `kvmem worker` and `kvmem serve` count into and expose.
@@ -96,6 +102,7 @@ impl Metrics {
             snapshot_cache: crate::snapshot::CacheCounters::default(),
             snapshot_dir_bytes: Gauge::default(),
             retention_rows: Family::default(),
+            maintenance_runs: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -162,6 +169,11 @@ impl Metrics {
             "retention_rows_removed",
             "Rows deleted by retention, by table",
             m.retention_rows.clone(),
+        );
+        registry.register(
+            "maintenance_runs",
+            "Runs of each housekeeping chore (leases, trim, erased, storage)",
+            m.maintenance_runs.clone(),
         );
         let cache = &m.snapshot_cache;
         for (name, help, counter) in [
@@ -237,6 +249,15 @@ impl Metrics {
         if let Some(bytes) = snapshot_bytes {
             self.snapshot_dir_bytes.set(bytes as i64);
         }
+    }
+
+    /// One run of a housekeeping chore (`worker/maintenance/`).
+    pub fn maintenance_ran(&self, chore: &str) {
+        self.maintenance_runs
+            .get_or_create(&ChoreLabel {
+                chore: chore.to_string(),
+            })
+            .inc();
     }
 
     pub fn digest_rebuilt(&self) {

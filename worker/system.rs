@@ -15,7 +15,7 @@ use crate::memory::ingest::llm::LlmExtractor;
 use crate::memory::{Embedder, MemoryConfig, MemoryError, MemoryService};
 use crate::metrics::Metrics;
 use crate::pipeline::TurnPipeline;
-use crate::runner::{Deps, Generator};
+use crate::runner::{Deps, Echo};
 use crate::services::{Building, Services};
 use crate::snapshot::{self, Limits, SnapshotStore};
 use crate::summary::llm::Summarizer;
@@ -191,7 +191,9 @@ pub fn deps(
             return Ok(Deps {
                 pool,
                 settings,
-                generator: Generator::Echo { delay },
+                generator: Arc::new(Echo { delay }),
+                engine: None,
+                snapshots: None,
                 worker_id,
                 metrics,
                 services,
@@ -217,13 +219,15 @@ pub fn deps(
         settings.clone(),
         pool.clone(),
         metrics.clone(),
-        store,
+        store.clone(),
         services.clone(),
     )?;
     Ok(Deps {
         pool,
         settings,
-        generator: Generator::Llama(Arc::new(pipeline)),
+        engine: Some(pipeline.engine().clone()),
+        snapshots: Some(store),
+        generator: Arc::new(pipeline),
         worker_id,
         metrics,
         services,
@@ -376,7 +380,11 @@ pub async fn memory_lane_service(
                 return Ok(svc);
             };
             let params = EngineParams::from_settings(settings);
-            tokio::task::spawn_blocking(move || LlmExtractor::load(&path, params, busy)).await
+            tokio::task::spawn_blocking(move || {
+                let engine = Engine::load(&path, None, params)?;
+                LlmExtractor::start(Arc::new(engine), busy)
+            })
+            .await
         }
     };
     match started {

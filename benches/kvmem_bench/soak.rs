@@ -73,8 +73,8 @@ pub(crate) async fn soak(env: &Env) -> Result<Value> {
     let dir = tempfile::tempdir()?;
     let capped = llama_deps(&pool, soak_settings(dir.path(), cap)?, engine)?;
     let evictions = &capped
-        .generator
-        .snapshots()
+        .snapshots
+        .as_ref()
         .context("a llama worker")?
         .counters()
         .evictions;

@@ -18,12 +18,8 @@ fn lane(pool: &PgPool, s: &kvmem::config::Settings) -> MemoryService {
 
 /// [`lane`] with SmolLM2 as its extraction model, on a thread of its own.
 fn smollm2_lane(pool: &PgPool, s: &kvmem::config::Settings) -> MemoryService {
-    let extractor = kvmem::memory::ingest::llm::LlmExtractor::load(
-        &smollm2(),
-        kvmem::engine::EngineParams::from_settings(s),
-        None,
-    )
-    .unwrap();
+    let extractor =
+        kvmem::memory::ingest::llm::LlmExtractor::start(load_engine(&smollm2(), s), None).unwrap();
     lane(pool, s).with_extractor(std::sync::Arc::new(extractor))
 }
 

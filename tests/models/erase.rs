@@ -277,7 +277,7 @@ async fn an_erased_user_is_gone_from_every_table_and_store_and_the_other_is_unto
     // Everything, with a worker on SmolLM2 in the server as `kvmem serve` runs it.
     let engine = load_engine(&smollm2(), &settings);
     let deps = common::deps(&pool, settings.clone(), Model::Llama(engine), "w-fill");
-    let store = deps.generator.snapshots().unwrap().clone();
+    let store = deps.snapshots.clone().unwrap();
     let state =
         kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
             .with_snapshots(store);

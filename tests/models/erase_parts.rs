@@ -193,7 +193,7 @@ async fn an_erased_session_and_an_erased_character_leave_nothing_of_theirs(pool:
     );
     let engine = load_engine(&smollm2(), &settings);
     let deps = common::deps(&pool, settings.clone(), Model::Llama(engine), "w-parts");
-    let store = deps.generator.snapshots().unwrap().clone();
+    let store = deps.snapshots.clone().unwrap();
     let state =
         kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
             .with_snapshots(store);

@@ -269,10 +269,8 @@ async fn the_cache_is_evicted_by_bytes_and_an_evicted_session_resumes_from_the_b
         .await;
         assert_eq!(log.status, "OK");
     }
-    let kvmem::runner::Generator::Llama(pipeline) = &w1.generator else {
-        panic!("a llama worker")
-    };
-    let held = pipeline.store.settle_cache();
+    let store = w1.snapshots.as_ref().expect("a llama worker");
+    let held = store.settle_cache();
     let files = files_with_ext(dir.path(), ".llkv");
     let on_disk: u64 = files
         .iter()
@@ -422,10 +420,8 @@ async fn erase_and_the_quarantine_sweep_remove_one_scope_from_the_bucket_and_the
     let file_len = std::fs::metadata(dir.path().join(format!("{gone}.llkv")))
         .unwrap()
         .len();
-    let kvmem::runner::Generator::Llama(pipeline) = &w.generator else {
-        panic!("a llama worker")
-    };
-    let erased = pipeline.store.erase(&gone).await.unwrap();
+    let store = w.snapshots.as_ref().expect("a llama worker");
+    let erased = store.erase(&gone).await.unwrap();
     assert_eq!(
         erased,
         kvmem::snapshot::ScopeErased {
@@ -449,12 +445,11 @@ async fn erase_and_the_quarantine_sweep_remove_one_scope_from_the_bucket_and_the
     );
     assert!(dir.path().join(format!("{kept}.llkv")).exists());
     assert_eq!(
-        pipeline.store.erase(&gone).await.unwrap(),
+        store.erase(&gone).await.unwrap(),
         kvmem::snapshot::ScopeErased::default()
     );
     // The sweep takes the other scope's old quarantined object, not its recent one.
-    let swept = pipeline
-        .store
+    let swept = store
         .sweep_quarantine(std::time::Duration::from_secs(7 * 86400))
         .await
         .unwrap();
@@ -472,4 +467,52 @@ async fn erase_and_the_quarantine_sweep_remove_one_scope_from_the_bucket_and_the
         counter(&w, "kvmem_snapshot_quarantine_removed_total").await,
         1.0
     );
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_rotate_hint_reads_the_bucket_when_the_cache_holds_an_older_snapshot_or_none(
+    pool: PgPool,
+) {
+    migrate(&pool).await;
+    let ch = character(&pool, "u1", "Ada").await;
+    let (bucket, _s3) = bucket("hint").await;
+    let (dir1, dir2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s1 = s3_settings(dir1.path(), &bucket, serde_json::json!({}));
+    let engine = load_engine(&tiny_model(), &s1);
+    let w1 = llama_deps(&pool, s1.clone(), engine.clone(), "w1");
+    let s2 = s3_settings(dir2.path(), &bucket, serde_json::json!({}));
+    let w2 = llama_deps(&pool, s2, engine, "w2");
+    one_turn(&w1, "s", "u1", ch, "Hello there, Ada.").await;
+    // The second turn runs on w2: w1's cache keeps the first turn's, shorter snapshot.
+    one_turn(&w2, "s", "u1", ch, "Tell me about the harbour.").await;
+    let scope = kvmem::snapshot::scope_key("u1", ch, "s");
+    let tokens_in = |dir: &std::path::Path| {
+        let bytes = std::fs::read(dir.join(format!("{scope}.llkv"))).unwrap();
+        let limits = kvmem::snapshot::Limits::LOOSE;
+        kvmem::snapshot::parse_header(&bytes, limits)
+            .unwrap()
+            .0
+            .tokens
+    };
+    let (older, latest) = (tokens_in(dir1.path()), tokens_in(dir2.path()));
+    assert!(
+        latest > older,
+        "{latest} tokens after two turns, {older} after one"
+    );
+    let store = w1.snapshots.clone().expect("a llama worker");
+    let state = kvmem::http::AppState::new(pool.clone(), std::sync::Arc::new(s1), "ab".repeat(32))
+        .with_snapshots(store);
+    let server = serve(state, None).await;
+    let hint = || async {
+        let url = format!("{}/v1/rotate-hint?sid=s&user=u1", server.base);
+        let got = reqwest::get(url).await.unwrap();
+        assert_eq!(got.status(), 200);
+        got.json::<serde_json::Value>().await.unwrap()
+    };
+    let first = hint().await;
+    assert_eq!(first["tokens_in_kv"], latest, "{first}");
+    std::fs::remove_file(dir1.path().join(format!("{scope}.llkv"))).unwrap();
+    let uncached = hint().await;
+    assert_eq!(uncached["snapshot"], true, "{uncached}");
+    assert_eq!(uncached["tokens_in_kv"], latest, "{uncached}");
 }

@@ -5,7 +5,8 @@
 use crate::common;
 
 use common::*;
-use kvmem::runner::{sweep_storage, Deps};
+use kvmem::maintenance::sweep_storage;
+use kvmem::runner::Deps;
 use sqlx::PgPool;
 
 const FIRST: &str = "Hello there, Ada, how are you today?";
@@ -34,7 +35,7 @@ async fn reply(pool: &PgPool, turn: kvmem::queue::TurnId) -> String {
 }
 
 fn store(deps: &Deps) -> &kvmem::snapshot::SnapshotStore {
-    deps.generator.snapshots().expect("a llama worker")
+    deps.snapshots.as_ref().expect("a llama worker")
 }
 
 #[sqlx::test(migrations = false)]
@@ -159,10 +160,10 @@ async fn retention_deletes_what_finished_turns_and_jobs_no_longer_need_and_keeps
         })),
         "w0",
     );
-    let swept = sweep_storage(&off, &mut 0).await;
-    assert_eq!(swept.rows, kvmem::queue::Retained::default());
+    let swept = sweep_storage(&off.housekeeping(), &mut 0).await;
+    assert_eq!(swept.rows, kvmem::maintenance::Retained::default());
 
-    let swept = sweep_storage(&w, &mut 0).await;
+    let swept = sweep_storage(&w.housekeeping(), &mut 0).await;
     assert_eq!(swept.rows.turns, 1);
     assert_eq!(swept.rows.turn_log as i64, logs);
     assert_eq!(swept.rows.memory_jobs as i64, jobs);
@@ -210,11 +211,64 @@ async fn retention_deletes_what_finished_turns_and_jobs_no_longer_need_and_keeps
     );
     // Nothing is left to remove.
     assert_eq!(
-        sweep_storage(&w, &mut 0).await.rows,
-        kvmem::queue::Retained::default()
+        sweep_storage(&w.housekeeping(), &mut 0).await.rows,
+        kvmem::maintenance::Retained::default()
     );
-    let status = kvmem::cmd::status::storage(&pool, std::path::Path::new("/nonexistent"))
-        .await
-        .unwrap();
+    let nowhere = kvmem::system::snapshot_store(
+        &settings(serde_json::json!({"kv_dir": "/nonexistent"})),
+        &w.metrics,
+    )
+    .unwrap();
+    let status = kvmem::cmd::status::storage(&pool, &nowhere).await.unwrap();
     assert!(status.contains("rows_removed.turns"), "{status}");
+}
+
+/// The samples of `kvmem_maintenance_runs_total`, by chore.
+async fn chore_runs(deps: &Deps) -> std::collections::HashMap<String, f64> {
+    let text = deps.metrics.render(&deps.pool).await.unwrap();
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
+    scrape
+        .samples
+        .into_iter()
+        .filter(|s| s.metric == "kvmem_maintenance_runs_total")
+        .map(|s| {
+            let n = match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                other => panic!("not a counter: {other:?}"),
+            };
+            (s.labels.get("chore").unwrap_or_default().to_string(), n)
+        })
+        .collect()
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_running_worker_runs_every_housekeeping_chore_on_its_own_tick(pool: PgPool) {
+    migrate(&pool).await;
+    // The reaper's tick is 200 ms in the tests' settings; the sweeps' is a minute.
+    let deps = echo_deps(&pool, settings(serde_json::json!({})), "w-chores");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(kvmem::runner::run(deps.clone(), shutdown.clone()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let runs = loop {
+        let runs = chore_runs(&deps).await;
+        if runs.get("leases").copied().unwrap_or(0.0) >= 3.0 {
+            break runs;
+        }
+        assert!(std::time::Instant::now() < deadline, "{runs:?}");
+        tokio::task::yield_now().await;
+    };
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+    for chore in ["leases", "trim", "erased", "storage"] {
+        assert!(
+            runs.get(chore).copied().unwrap_or(0.0) >= 1.0,
+            "{chore}: {runs:?}"
+        );
+    }
+    assert_eq!(
+        runs["storage"], 1.0,
+        "the storage sweep keeps its own tick: {runs:?}"
+    );
+    assert_eq!(runs["erased"], 1.0, "{runs:?}");
 }

@@ -1,9 +1,9 @@
 //! `kvmem erase`: an operator carries out a user's request to be forgotten, from the
 //! shell, with the same function and snapshot removal as `POST /v1/erase`.
 
-use anyhow::Result;
 use clap::Args;
 
+use super::error::CommandError;
 use crate::config::Settings;
 use crate::erase::{self, Subject};
 use crate::{db, metrics, system};
@@ -49,7 +49,7 @@ impl EraseArgs {
     }
 }
 
-pub async fn run(args: EraseArgs, settings: Settings) -> Result<()> {
+pub async fn run(args: EraseArgs, settings: Settings) -> Result<(), CommandError> {
     let pool = system::connect(&settings, 2).await?;
     db::migrate(&pool).await?;
     let store = system::snapshot_store(&settings, &metrics::global())?;

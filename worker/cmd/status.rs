@@ -95,12 +95,14 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
 }
 
 /// The storage upkeep's totals (every worker's, from `kvmem_storage_counts`) and the bytes
-/// the snapshot files in `dir` hold on this host now.
-pub async fn storage(pool: &PgPool, dir: &std::path::Path) -> Result<String, sqlx::Error> {
+/// the snapshot files in `store`'s directory hold on this host now.
+pub async fn storage(
+    pool: &PgPool,
+    store: &crate::snapshot::SnapshotStore,
+) -> Result<String, sqlx::Error> {
     let mut out = String::new();
-    let files = crate::snapshot::FileStore::new(dir, crate::snapshot::Limits::LOOSE)
-        .list()
-        .unwrap_or_default();
+    let dir = store.files().dir();
+    let files = store.files().list().unwrap_or_default();
     let bytes: u64 = files.iter().map(|(_, len)| len).sum();
     let _ = writeln!(
         out,

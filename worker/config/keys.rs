@@ -59,7 +59,7 @@ pub const FLAT_KEYS: &[(&str, &str)] = &[
     ("s3_prefix", "snapshot.s3_prefix"),
     ("s3_timeout_ms", "snapshot.s3_timeout_ms"),
     ("kv_cache_bytes", "snapshot.cache_bytes"),
-    ("kv_quarantine_days", "snapshot.quarantine_days"),
+    ("kv_quarantine_days", "maintenance.quarantine_days"),
     ("database_url", "db.url"),
     ("concurrency", "queue.concurrency"),
     ("claim_batch", "queue.claim_batch"),
@@ -67,15 +67,24 @@ pub const FLAT_KEYS: &[(&str, &str)] = &[
     ("lease_ms", "queue.lease_ms"),
     ("heartbeat_ms", "queue.heartbeat_ms"),
     ("poll_ms", "queue.poll_ms"),
-    ("reaper_ms", "queue.reaper_ms"),
+    ("reaper_ms", "maintenance.reaper_ms"),
     ("backoff_base_ms", "queue.backoff_base_ms"),
     ("backoff_max_ms", "queue.backoff_max_ms"),
     ("shutdown_grace_ms", "queue.shutdown_grace_ms"),
     ("lanes", "queue.lanes"),
-    ("events_retention_hours", "queue.events_retention_hours"),
-    ("finished_retention_hours", "queue.finished_retention_hours"),
-    ("failed_retention_hours", "queue.failed_retention_hours"),
-    ("log_retention_hours", "queue.log_retention_hours"),
+    (
+        "events_retention_hours",
+        "maintenance.events_retention_hours",
+    ),
+    (
+        "finished_retention_hours",
+        "maintenance.finished_retention_hours",
+    ),
+    (
+        "failed_retention_hours",
+        "maintenance.failed_retention_hours",
+    ),
+    ("log_retention_hours", "maintenance.log_retention_hours"),
     ("claim_affinity", "queue.claim_affinity"),
     ("affinity_wait_ms", "queue.affinity_wait_ms"),
     ("http_timeout_ms", "http.timeout_ms"),
@@ -109,6 +118,29 @@ pub const FLAT_KEYS: &[(&str, &str)] = &[
     ("summary_max_attempts", "summary.max_attempts"),
     ("summary_max_tokens", "summary.max_tokens"),
     ("summary_cache_capacity", "summary.cache_capacity"),
+];
+
+/// Settings that moved to another section, as `(old section.field, new section.field)`: a
+/// file written for the old place keeps working.
+pub const MOVED_KEYS: &[(&str, &str)] = &[
+    ("queue.reaper_ms", "maintenance.reaper_ms"),
+    (
+        "queue.events_retention_hours",
+        "maintenance.events_retention_hours",
+    ),
+    (
+        "queue.finished_retention_hours",
+        "maintenance.finished_retention_hours",
+    ),
+    (
+        "queue.failed_retention_hours",
+        "maintenance.failed_retention_hours",
+    ),
+    (
+        "queue.log_retention_hours",
+        "maintenance.log_retention_hours",
+    ),
+    ("snapshot.quarantine_days", "maintenance.quarantine_days"),
 ];
 
 /// The environment variable that sets the setting at `section.field`, as the docs name it:
@@ -188,12 +220,21 @@ impl<P: Provider> Provider for Sectioned<P> {
     }
 }
 
-/// `dict` with every flat key moved into its section.
+/// `dict` with every flat key, and every moved key, in its section.
 fn sectioned(mut dict: Dict, seen: &mut Vec<&'static str>) -> Result<Dict, String> {
-    for &(flat, nested) in FLAT_KEYS {
-        let Some(value) = dict.remove(flat) else {
-            continue;
-        };
+    let moved = MOVED_KEYS.iter().filter_map(|&(old, nested)| {
+        let (section, field) = old.split_once('.')?;
+        match dict.get_mut(section) {
+            Some(Value::Dict(_, table)) => Some((old, nested, table.remove(field)?)),
+            _ => None,
+        }
+    });
+    let moved: Vec<(&str, &str, Value)> = moved.collect();
+    let flat = FLAT_KEYS
+        .iter()
+        .filter_map(|&(flat, nested)| Some((flat, nested, dict.remove(flat)?)));
+    let flat: Vec<(&str, &str, Value)> = flat.collect();
+    for (flat, nested, value) in moved.into_iter().chain(flat) {
         let (section, field) = nested.split_once('.').expect("section.field");
         let table = dict
             .entry(section.to_string())
@@ -209,7 +250,9 @@ fn sectioned(mut dict: Dict, seen: &mut Vec<&'static str>) -> Result<Dict, Strin
             ));
         }
         table.insert(field.to_string(), value);
-        seen.push(flat);
+        if let Some(&(flat, _)) = FLAT_KEYS.iter().find(|(f, _)| *f == flat) {
+            seen.push(flat);
+        }
     }
     Ok(dict)
 }

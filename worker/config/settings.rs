@@ -19,6 +19,8 @@ pub struct Settings {
     #[serde(default)]
     pub db: DbSettings,
     pub queue: QueueSettings,
+    #[serde(default = "every_default")]
+    pub maintenance: MaintenanceSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
     #[serde(default = "every_default")]
@@ -112,10 +114,6 @@ pub struct SnapshotSettings {
     /// front of an object store. 0 = no cap in local mode.
     #[serde(default = "default_cache_bytes")]
     pub cache_bytes: u64,
-    /// Quarantined `.bad` snapshots (files, and objects under `quarantine/`) are deleted
-    /// this many days after they were moved aside. 0 = kept forever.
-    #[serde(default = "default_quarantine_days")]
-    pub quarantine_days: u64,
 }
 
 /// `[db]`: the Postgres the queue, the memory and the summaries live in.
@@ -137,11 +135,29 @@ pub struct QueueSettings {
     pub lease_ms: u64,
     pub heartbeat_ms: u64,
     pub poll_ms: u64,
-    pub reaper_ms: u64,
     pub backoff_base_ms: u64,
     pub backoff_max_ms: u64,
     pub shutdown_grace_ms: u64,
     pub lanes: Vec<String>,
+    /// A worker prefers sessions whose last turn it ran (their snapshot is in its cache).
+    #[serde(default = "default_true")]
+    pub claim_affinity: bool,
+    /// How long a session's head may wait for the worker that ran its last turn before any
+    /// worker takes it.
+    #[serde(default = "default_affinity_wait_ms")]
+    pub affinity_wait_ms: u64,
+}
+
+/// `[maintenance]`: what keeps a running system tidy. Each worker requeues expired leases,
+/// trims events and reply deltas, deletes finished rows, sweeps erased snapshot scopes and
+/// keeps the snapshot directory under its cap (`worker/maintenance/`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MaintenanceSettings {
+    /// How often expired leases are requeued, and events and reply deltas trimmed.
+    #[serde(default = "default_reaper_ms")]
+    pub reaper_ms: u64,
+    /// `events` rows are deleted this long after they were written.
+    #[serde(default = "default_events_retention_hours")]
     pub events_retention_hours: u64,
     /// Done memory and summary jobs and dropped memory jobs are deleted this long after they
     /// finished (a backend's job handle answers until then). 0 = kept.
@@ -154,13 +170,10 @@ pub struct QueueSettings {
     /// `turn_log` rows are deleted this long after their attempt finished. 0 = kept.
     #[serde(default = "default_log_retention_hours")]
     pub log_retention_hours: u64,
-    /// A worker prefers sessions whose last turn it ran (their snapshot is in its cache).
-    #[serde(default = "default_true")]
-    pub claim_affinity: bool,
-    /// How long a session's head may wait for the worker that ran its last turn before any
-    /// worker takes it.
-    #[serde(default = "default_affinity_wait_ms")]
-    pub affinity_wait_ms: u64,
+    /// Quarantined `.bad` snapshots (files, and objects under `quarantine/`) are deleted
+    /// this many days after they were moved aside. 0 = kept forever.
+    #[serde(default = "default_quarantine_days")]
+    pub quarantine_days: u64,
 }
 
 /// `[http]`: `kvmem serve`'s limits and token.
@@ -324,6 +337,14 @@ fn default_s3_timeout_ms() -> u64 {
 
 fn default_cache_bytes() -> u64 {
     4 << 30
+}
+
+fn default_reaper_ms() -> u64 {
+    5000
+}
+
+fn default_events_retention_hours() -> u64 {
+    168
 }
 
 fn default_quarantine_days() -> u64 {

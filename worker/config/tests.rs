@@ -57,7 +57,7 @@ const CASES: &[(&str, &str, Read)] = &[
     ("s3_prefix", "\"kv/prefix\"", |s| json!(s.snapshot.s3_prefix)),
     ("s3_timeout_ms", "5001", |s| json!(s.snapshot.s3_timeout_ms)),
     ("kv_cache_bytes", "1000000", |s| json!(s.snapshot.cache_bytes)),
-    ("kv_quarantine_days", "3", |s| json!(s.snapshot.quarantine_days)),
+    ("kv_quarantine_days", "3", |s| json!(s.maintenance.quarantine_days)),
     ("database_url", "\"postgres://db.example/kv\"", |s| json!(s.db.url)),
     ("concurrency", "9", |s| json!(s.queue.concurrency)),
     ("claim_batch", "12", |s| json!(s.queue.claim_batch)),
@@ -65,15 +65,15 @@ const CASES: &[(&str, &str, Read)] = &[
     ("lease_ms", "40001", |s| json!(s.queue.lease_ms)),
     ("heartbeat_ms", "10002", |s| json!(s.queue.heartbeat_ms)),
     ("poll_ms", "1003", |s| json!(s.queue.poll_ms)),
-    ("reaper_ms", "5004", |s| json!(s.queue.reaper_ms)),
+    ("reaper_ms", "5004", |s| json!(s.maintenance.reaper_ms)),
     ("backoff_base_ms", "505", |s| json!(s.queue.backoff_base_ms)),
     ("backoff_max_ms", "60006", |s| json!(s.queue.backoff_max_ms)),
     ("shutdown_grace_ms", "30007", |s| json!(s.queue.shutdown_grace_ms)),
     ("lanes", "[\"replay\"]", |s| json!(s.queue.lanes)),
-    ("events_retention_hours", "72", |s| json!(s.queue.events_retention_hours)),
-    ("finished_retention_hours", "25", |s| json!(s.queue.finished_retention_hours)),
-    ("failed_retention_hours", "169", |s| json!(s.queue.failed_retention_hours)),
-    ("log_retention_hours", "721", |s| json!(s.queue.log_retention_hours)),
+    ("events_retention_hours", "72", |s| json!(s.maintenance.events_retention_hours)),
+    ("finished_retention_hours", "25", |s| json!(s.maintenance.finished_retention_hours)),
+    ("failed_retention_hours", "169", |s| json!(s.maintenance.failed_retention_hours)),
+    ("log_retention_hours", "721", |s| json!(s.maintenance.log_retention_hours)),
     ("claim_affinity", "false", |s| json!(s.queue.claim_affinity)),
     ("affinity_wait_ms", "501", |s| json!(s.queue.affinity_wait_ms)),
     ("http_timeout_ms", "120008", |s| json!(s.http.timeout_ms)),
@@ -326,6 +326,30 @@ fn the_sectioned_layout_loads() {
         );
         Ok(())
     });
+}
+
+#[test]
+fn a_setting_in_its_old_section_still_lands_in_its_new_one() {
+    Jail::expect_with(|jail| {
+        without_settings_env(jail);
+        jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
+        jail.create_file(
+            "old.toml",
+            "[queue]\nreaper_ms = 777\nlog_retention_hours = 9\nlease_ms = 4000\n\
+             [snapshot]\nquarantine_days = 2\n",
+        )?;
+        jail.set_env("KVMEM_ENV", "old");
+        let s = Settings::load_from(jail.directory()).map_err(|e| e.to_string())?;
+        let m = &s.maintenance;
+        assert_eq!((m.reaper_ms, m.log_retention_hours), (777, 9));
+        assert_eq!((m.quarantine_days, s.queue.lease_ms), (2, 4000));
+        Ok(())
+    });
+    let err = Settings::defaults()
+        .with(json!({"queue": {"reaper_ms": 1}, "maintenance": {"reaper_ms": 2}}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("same setting"), "{err}");
 }
 
 #[test]

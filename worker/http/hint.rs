@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::snapshot::{self, Limits};
+use crate::snapshot;
 
 use super::error::ApiError;
 use super::identity::Caller;
@@ -47,13 +47,7 @@ pub(super) async fn rotate_hint(
         }
     };
     let s = &state.settings;
-    let path = snapshot::FileStore::new(&s.snapshot.dir, Limits::LOOSE)
-        .path(&snapshot::scope_key(&user, character, &sid));
-    let header = std::fs::read(&path).ok().and_then(|bytes| {
-        snapshot::parse_header(&bytes, Limits::LOOSE)
-            .ok()
-            .map(|(h, _)| h)
-    });
+    let header = snapshot_header(&state, &snapshot::scope_key(&user, character, &sid)).await?;
     let tokens = header.as_ref().map_or(0, |h| h.tokens);
     let last_user: Option<i32> =
         sqlx::query_scalar(include_str!("../../sql/http/last_user_tokens.sql"))
@@ -88,4 +82,35 @@ pub(super) async fn rotate_hint(
         "digest_last_injected_at": last_injected,
     }))
     .into_response())
+}
+
+/// The scope's snapshot header from the server's own store, so that with an object store
+/// the bucket answers; a state built without a store (a test's) asks the store the
+/// settings name.
+async fn snapshot_header(
+    state: &AppState,
+    scope: &str,
+) -> Result<Option<snapshot::Header>, ApiError> {
+    let configured;
+    let store = match &state.snapshots {
+        Some(store) => store,
+        None => {
+            configured =
+                crate::system::snapshot_store(&state.settings, &state.metrics).map_err(|e| {
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        e.to_string(),
+                    )
+                })?;
+            &configured
+        }
+    };
+    store.header(scope).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            format!("the snapshot store did not answer: {e}"),
+        )
+    })
 }

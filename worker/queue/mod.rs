@@ -8,7 +8,6 @@ mod enqueue;
 mod fail;
 mod finish;
 mod reap;
-mod retain;
 mod types;
 
 pub use crate::turn::{ClaimedTurn, TurnId, TurnState};
@@ -20,7 +19,6 @@ pub use conversation::{
 pub use enqueue::{enqueue, enqueue_on, enqueue_repeatable, NewTurn, Repeat};
 pub use fail::{fail, release};
 pub use reap::{reap, trim_events, Reaped};
-pub use retain::{count as count_storage, retain, Retained, Retention};
 pub use types::{QueueError, QueueTiming, Result};
 
 /// Channel the enqueue function notifies, payload = session id.

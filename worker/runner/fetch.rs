@@ -30,7 +30,7 @@ pub(super) async fn fetch_loop(
 ) {
     let settings = deps.settings.clone();
     let capacity = settings.queue.claim_batch.max(settings.queue.concurrency) as usize;
-    let affinity = deps.generator.claim_affinity();
+    let affinity = deps.claim_affinity();
     let poll = Duration::from_millis(settings.queue.poll_ms);
     let mut waiting: VecDeque<(ClaimedTurn, LeaseKeeper)> = VecDeque::new();
     let mut running: JoinSet<queue::Result<Outcome>> = JoinSet::new();

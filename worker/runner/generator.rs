@@ -6,13 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::engine::Engine;
 use crate::pipeline::TurnPipeline;
 use crate::queue::QueueTiming;
+use crate::snapshot::SnapshotStore;
 use crate::turn::log::{FinishReason, KvLog, TurnPath};
 use crate::turn::{ClaimedTurn, TurnError, TurnOutput};
 
@@ -21,7 +24,11 @@ use crate::turn::{ClaimedTurn, TurnError, TurnOutput};
 pub struct Deps {
     pub pool: PgPool,
     pub settings: Arc<Settings>,
-    pub generator: Generator,
+    pub generator: Arc<dyn Generator>,
+    /// The chat model, when the generator runs one: the lanes share its weights.
+    pub engine: Option<Arc<Engine>>,
+    /// The snapshot store the turns write; none for the echo generator.
+    pub snapshots: Option<SnapshotStore>,
     pub worker_id: String,
     /// Where this worker counts (the process-wide registry outside tests).
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -39,49 +46,97 @@ impl Deps {
     }
 }
 
-/// How long an erased snapshot scope is remembered for the workers' sweeps: far longer
-/// than any turn in flight, or a worker that was down, takes to sweep its directory.
-pub const ERASED_SCOPES_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// The reply generator a worker runs.
-#[derive(Clone)]
-pub enum Generator {
-    /// Queue-test and benchmark generator: replies `echo: <message>` after `delay`.
-    /// It loads no model and writes no snapshot.
-    Echo { delay: Duration },
-    /// Seed 000's turn pipeline on a local model.
-    Llama(Arc<TurnPipeline>),
-}
-
-impl Generator {
+/// What produces a turn's reply. The worker drives every generator the same way; what
+/// differs between them stays behind this trait.
+pub trait Generator: Send + Sync {
     /// Runs one turn's work up to (not including) completion.
-    pub async fn run_turn(
-        &self,
-        deps: &Deps,
-        turn: &ClaimedTurn,
+    fn run_turn<'a>(
+        &'a self,
+        deps: &'a Deps,
+        turn: &'a ClaimedTurn,
         abort: Arc<AtomicBool>,
-    ) -> Result<TurnOutput, TurnError> {
-        match self {
-            Generator::Echo { delay } => echo(deps, turn, *delay, &abort).await,
-            Generator::Llama(pipeline) => pipeline.run_turn(turn, abort).await,
-        }
-    }
+    ) -> BoxFuture<'a, Result<TurnOutput, TurnError>>;
 
     /// Seed step 6, after the turn committed: rebuild the session's digest.
-    pub async fn after_turn(&self, turn: &ClaimedTurn) {
-        if let Generator::Llama(pipeline) = self {
-            pipeline.after_turn(turn).await;
-        }
+    fn after_turn<'a>(&'a self, turn: &'a ClaimedTurn) -> BoxFuture<'a, ()>;
+
+    /// Background work the generator needs while the worker runs (digest rebuilds).
+    fn spawn_background(&self, deps: &Deps, tasks: &mut JoinSet<()>, shutdown: CancellationToken);
+
+    /// The `path=` this generator logs.
+    fn path(&self) -> TurnPath;
+}
+
+/// Seed 000's turn pipeline on a local model.
+impl Generator for TurnPipeline {
+    fn run_turn<'a>(
+        &'a self,
+        _deps: &'a Deps,
+        turn: &'a ClaimedTurn,
+        abort: Arc<AtomicBool>,
+    ) -> BoxFuture<'a, Result<TurnOutput, TurnError>> {
+        Box::pin(TurnPipeline::run_turn(self, turn, abort))
     }
 
+    fn after_turn<'a>(&'a self, turn: &'a ClaimedTurn) -> BoxFuture<'a, ()> {
+        Box::pin(TurnPipeline::after_turn(self, turn))
+    }
+
+    fn spawn_background(&self, _deps: &Deps, tasks: &mut JoinSet<()>, shutdown: CancellationToken) {
+        TurnPipeline::spawn_background(self, tasks, shutdown)
+    }
+
+    fn path(&self) -> TurnPath {
+        TurnPipeline::path(self)
+    }
+}
+
+/// Queue-test and benchmark generator: replies `echo: <message>` after `delay`. It loads
+/// no model and writes no snapshot.
+pub struct Echo {
+    pub delay: Duration,
+}
+
+impl Generator for Echo {
+    fn run_turn<'a>(
+        &'a self,
+        deps: &'a Deps,
+        turn: &'a ClaimedTurn,
+        abort: Arc<AtomicBool>,
+    ) -> BoxFuture<'a, Result<TurnOutput, TurnError>> {
+        Box::pin(async move { echo(deps, turn, self.delay, &abort).await })
+    }
+
+    fn after_turn<'a>(&'a self, _turn: &'a ClaimedTurn) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    // Digests are a database feature: they stay fresh whatever the generator is.
+    fn spawn_background(&self, deps: &Deps, tasks: &mut JoinSet<()>, shutdown: CancellationToken) {
+        tasks.spawn(crate::context::digest::run_rebuilder(
+            deps.pool.clone(),
+            Arc::new(crate::context::tokens::WordCount),
+            deps.settings.turn.digest_max_tokens as usize,
+            Duration::from_millis(deps.settings.queue.poll_ms.max(100)),
+            deps.metrics.clone(),
+            shutdown,
+        ));
+    }
+
+    fn path(&self) -> TurnPath {
+        TurnPath::Echo
+    }
+}
+
+impl Deps {
     /// After a turn lost its fence: a snapshot it wrote for a session erased meanwhile is
     /// removed now, not at the next sweep.
-    pub async fn after_fenced(&self, deps: &Deps, turn: &ClaimedTurn) {
-        let Generator::Llama(pipeline) = self else {
+    pub async fn after_fenced(&self, turn: &ClaimedTurn) {
+        let Some(store) = &self.snapshots else {
             return;
         };
         let scope = crate::snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
-        match crate::erase::after_fenced(&deps.pool, &pipeline.store, &scope).await {
+        match crate::erase::after_fenced(&self.pool, store, &scope).await {
             Ok(true) => {
                 tracing::info!("the session was erased while its turn ran; its snapshot is removed")
             }
@@ -92,49 +147,13 @@ impl Generator {
         }
     }
 
-    /// Removes what this worker's snapshot store still holds of erased scopes, and forgets
-    /// scopes erased longer than [`ERASED_SCOPES_KEPT`] ago.
-    pub async fn sweep_erased(&self, deps: &Deps, mark: &mut crate::erase::SweepMark) {
-        let Generator::Llama(pipeline) = self else {
-            return;
-        };
-        match crate::erase::sweep(&deps.pool, &pipeline.store, ERASED_SCOPES_KEPT, mark).await {
-            Ok(crate::erase::Swept { scopes, removed: r })
-                if r.files + r.quarantined + r.objects > 0 =>
-            {
-                tracing::info!(
-                    scopes,
-                    files = r.files,
-                    quarantined = r.quarantined,
-                    objects = r.objects,
-                    "removed snapshots of erased sessions"
-                )
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "erased-snapshot sweep failed; it runs again"),
-        }
-    }
-
-    /// Background work the generator needs while the worker runs (digest rebuilds).
-    pub fn spawn_background(
-        &self,
-        deps: &Deps,
-        tasks: &mut JoinSet<()>,
-        shutdown: CancellationToken,
-    ) {
-        match self {
-            Generator::Llama(pipeline) => pipeline.spawn_background(tasks, shutdown),
-            // Digests are a database feature: they stay fresh whatever the generator is.
-            Generator::Echo { .. } => {
-                tasks.spawn(crate::context::digest::run_rebuilder(
-                    deps.pool.clone(),
-                    Arc::new(crate::context::tokens::WordCount),
-                    deps.settings.turn.digest_max_tokens as usize,
-                    Duration::from_millis(deps.settings.queue.poll_ms.max(100)),
-                    deps.metrics.clone(),
-                    shutdown,
-                ));
-            }
+    /// What this worker's housekeeping works with.
+    pub fn housekeeping(&self) -> crate::maintenance::Housekeeping {
+        crate::maintenance::Housekeeping {
+            pool: self.pool.clone(),
+            settings: self.settings.clone(),
+            metrics: self.metrics.clone(),
+            snapshots: self.snapshots.clone(),
         }
     }
 
@@ -142,39 +161,14 @@ impl Generator {
     /// only when snapshots live in an object store, so that the local cache is what the
     /// preference buys. With local snapshots every worker of the host reads the same files.
     pub fn claim_affinity(&self) -> Option<Duration> {
-        match self {
-            Generator::Llama(pipeline) => {
-                let queue = &pipeline.settings.queue;
-                let remote = pipeline.store.remote_url().is_some();
-                (queue.claim_affinity && remote)
-                    .then(|| Duration::from_millis(queue.affinity_wait_ms))
-            }
-            _ => None,
-        }
+        let queue = &self.settings.queue;
+        let remote = self.snapshots.as_ref()?.remote_url().is_some();
+        (queue.claim_affinity && remote).then(|| Duration::from_millis(queue.affinity_wait_ms))
     }
 
-    /// Where the chat model runs, if this generator has one.
+    /// Where the chat model runs, if this worker has one.
     pub fn placement(&self) -> Option<&crate::engine::Placement> {
-        match self {
-            Generator::Llama(pipeline) => Some(&pipeline.engines.engine().placement),
-            Generator::Echo { .. } => None,
-        }
-    }
-
-    /// The snapshot store the turns use, if this generator writes snapshots.
-    pub fn snapshots(&self) -> Option<&crate::snapshot::SnapshotStore> {
-        match self {
-            Generator::Llama(pipeline) => Some(&pipeline.store),
-            Generator::Echo { .. } => None,
-        }
-    }
-
-    /// The `path=` this generator logs.
-    pub fn path(&self) -> TurnPath {
-        match self {
-            Generator::Echo { .. } => TurnPath::Echo,
-            Generator::Llama(pipeline) => pipeline.path(),
-        }
+        self.engine.as_ref().map(|engine| &engine.placement)
     }
 }
 

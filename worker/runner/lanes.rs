@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::generator::{Deps, Generator};
+use super::generator::Deps;
 use crate::engine::{Busy, Engine};
 use crate::lane;
 use crate::memory::ingest::backfill::Reembed;
@@ -89,10 +89,7 @@ async fn summary_service(deps: &Deps, slots: &Arc<Semaphore>) -> Option<SummaryS
 
 /// The chat model's weights, which the lanes share when no model of their own is set.
 fn chat_engine(deps: &Deps) -> Option<Arc<Engine>> {
-    match &deps.generator {
-        Generator::Llama(pipeline) => Some(pipeline.engine().clone()),
-        Generator::Echo { .. } => None,
-    }
+    deps.engine.clone()
 }
 
 /// True while any of this worker's turns holds a slot.

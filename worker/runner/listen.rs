@@ -1,5 +1,4 @@
-//! Wake-ups and housekeeping: NOTIFY on enqueue wakes the claim loop, and the reaper
-//! requeues turns whose lease expired and trims old events.
+//! Wake-ups: NOTIFY on enqueue wakes the claim loop.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,43 +47,6 @@ async fn listen_once(
                 // The connection dropped and was re-established: we may have missed wake-ups.
                 None => wake.notify_waiters(),
             }
-        }
-    }
-}
-
-pub(super) async fn reaper(deps: Deps, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let every = Duration::from_millis(deps.settings.queue.reaper_ms);
-    let (mut last_upkeep, mut evictions_counted) = (None::<std::time::Instant>, 0);
-    let mut erased_mark = crate::erase::SweepMark::default();
-    while !shutdown.is_cancelled() {
-        match queue::reap(&deps.pool).await {
-            Ok(reaped) if !reaped.is_empty() => {
-                deps.metrics.reaped(reaped.len());
-                for r in &reaped {
-                    warn!(turn_id = %r.turn_id, sid = %r.session_id, state = ?r.state, "reaped expired lease");
-                }
-                wake.notify_waiters();
-            }
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "reaper failed"),
-        }
-        if let Err(e) =
-            queue::trim_events(&deps.pool, deps.settings.queue.events_retention_hours).await
-        {
-            warn!(error = %e, "event retention failed");
-        }
-        if let Err(e) = crate::stream::trim(&deps.pool).await {
-            warn!(error = %e, "reply delta retention failed");
-        }
-        if last_upkeep.is_none_or(|at| at.elapsed() >= super::upkeep::UPKEEP_EVERY) {
-            // Erased scopes first: what the cap counts next is what is left.
-            deps.generator.sweep_erased(&deps, &mut erased_mark).await;
-            super::upkeep::sweep_storage(&deps, &mut evictions_counted).await;
-            last_upkeep = Some(std::time::Instant::now());
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
         }
     }
 }

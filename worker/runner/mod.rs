@@ -1,7 +1,7 @@
 //! The worker: claims turns, runs them through the generator and commits them. One turn is
 //! [`process_next_turn`]; [`run`] adds batched claims (`fetch`), leases (`lease`),
-//! group commit (`commit`), wake-ups and the reaper (`listen`), storage upkeep (`upkeep`)
-//! and the idle lanes (`lanes`), and stops everything on a signal or when one of its tasks dies.
+//! group commit (`commit`), wake-ups (`listen`), housekeeping (`crate::maintenance`) and
+//! the idle lanes (`lanes`), and stops everything on a signal or when one of its tasks dies.
 
 mod commit;
 mod fetch;
@@ -10,7 +10,6 @@ mod lanes;
 mod lease;
 mod listen;
 mod process;
-mod upkeep;
 
 use std::sync::Arc;
 
@@ -18,9 +17,8 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-pub use generator::{Deps, Generator};
+pub use generator::{Deps, Echo, Generator};
 pub use process::{process_next_turn, Outcome};
-pub use upkeep::{sweep_storage, StorageSwept};
 
 /// A fresh worker id: host, pid and a random suffix, so restarts never reuse one.
 pub fn new_worker_id() -> String {
@@ -57,7 +55,7 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerEr
         wake.clone(),
         shutdown.clone(),
     ));
-    tasks.spawn(listen::reaper(deps.clone(), wake.clone(), shutdown.clone()));
+    crate::maintenance::spawn(deps.housekeeping(), wake.clone(), &mut tasks, &shutdown);
     deps.generator
         .spawn_background(&deps, &mut tasks, shutdown.clone());
     let (completer, committing) = commit::Completer::spawn(
@@ -68,7 +66,7 @@ pub async fn run(deps: Deps, shutdown: CancellationToken) -> Result<(), WorkerEr
     );
     let slots = Arc::new(Semaphore::new(deps.settings.queue.concurrency as usize));
     let lanes_on = deps.settings.memory.lane || deps.settings.summary.lane;
-    if matches!(deps.generator, Generator::Llama(_)) && lanes_on {
+    if deps.engine.is_some() && lanes_on {
         tasks.spawn(lanes::idle_lanes(
             deps.clone(),
             slots.clone(),

@@ -123,7 +123,7 @@ async fn finish_ok(
         }
         Err(QueueError::Fenced(id)) => {
             warn!("completion rejected: lease lost");
-            deps.generator.after_fenced(deps, turn).await;
+            deps.after_fenced(turn).await;
             Ok(Outcome::Fenced(id))
         }
         Err(e) => Err(e),
@@ -158,7 +158,7 @@ async fn finish_err(deps: &Deps, turn: &ClaimedTurn, err: TurnError) -> queue::R
         Ok(state) => state,
         Err(QueueError::Fenced(id)) => {
             warn!("failure not recorded: lease lost");
-            deps.generator.after_fenced(deps, turn).await;
+            deps.after_fenced(turn).await;
             return Ok(Outcome::Fenced(id));
         }
         Err(e) => return Err(e),

@@ -116,6 +116,27 @@ impl Remote {
         Err(io::Error::other(failed))
     }
 
+    /// The first `len` bytes of a scope's object (all of it when shorter); None when
+    /// there is none.
+    pub(super) async fn prefix(
+        &self,
+        scope: &str,
+        len: u64,
+    ) -> Result<Option<bytes::Bytes>, object_store::Error> {
+        let path = self.path(scope);
+        let size = match self.store.head(&path).await {
+            Ok(meta) => meta.size,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match self.store.get_range(&path, 0..size.min(len)).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            // Erased between the two requests.
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes a scope's object and its quarantined objects: (objects, bytes) removed.
     pub(super) async fn erase(&self, scope: &str) -> Result<(u64, u64), object_store::Error> {
         let path = self.path(scope);

@@ -15,7 +15,7 @@ use object_store::PutPayload;
 pub use super::cache::CacheCounters;
 use super::cache::Index;
 use super::files::{verify, FileStore, Loaded};
-use super::format::{Header, Limits, SnapshotError};
+use super::format::{Header, Limits, SnapshotError, MAX_HEADER_BYTES};
 use super::remote::Remote;
 pub use super::remote::{RemoteConfig, RemoteError};
 
@@ -151,6 +151,35 @@ impl SnapshotStore {
             index.touch(scope, snap.state.len() as u64);
         }
         Read { loaded }
+    }
+
+    /// A scope's snapshot header, for a report such as the rotate hint: from the object
+    /// store when there is one (it holds the latest turn's snapshot, where the cache may
+    /// hold an older one or none), else from the local file. Only the header's bytes are
+    /// read, nothing is cached, and cache hits and misses are not counted. None when there
+    /// is no snapshot or its header does not parse (the next turn quarantines it).
+    pub async fn header(&self, scope: &str) -> io::Result<Option<Header>> {
+        let bytes = match &self.remote {
+            Some(remote) => {
+                let got = remote.within(remote.prefix(scope, MAX_HEADER_BYTES as u64));
+                match got.await? {
+                    Some(bytes) => bytes.to_vec(),
+                    None => return Ok(None),
+                }
+            }
+            None => {
+                let path = self.files.path(scope);
+                let read = tokio::task::spawn_blocking(move || read_prefix(&path));
+                match read.await.map_err(io::Error::other)? {
+                    Ok(bytes) => bytes,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        // Loose: a report reads a snapshot written under other limits too.
+        let parsed = super::format::parse_header(&bytes, Limits::LOOSE);
+        Ok(parsed.ok().map(|(header, _)| header))
     }
 
     /// The snapshot to check: the local copy when there is no object store, or when
@@ -445,4 +474,14 @@ impl SnapshotStore {
             .inc_by(swept.files + swept.objects);
         Ok(swept)
     }
+}
+
+/// A file's first [`MAX_HEADER_BYTES`] bytes: all a header can take.
+fn read_prefix(path: &std::path::Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_HEADER_BYTES as u64)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
 }

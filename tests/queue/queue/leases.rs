@@ -274,9 +274,9 @@ async fn shutdown_releases_a_turn_without_counting_it(pool: PgPool) {
         settings(serde_json::json!({"shutdown_grace_ms": 50})),
         "w",
     );
-    deps.generator = kvmem::runner::generator::Generator::Echo {
+    deps.generator = std::sync::Arc::new(kvmem::runner::Echo {
         delay: Duration::from_millis(400),
-    };
+    });
     let shutdown = CancellationToken::new();
     shutdown.cancel();
     let outcome = process_next_turn(&deps, &shutdown).await.unwrap();

@@ -2,12 +2,11 @@
 //! ([`crate::memory::ingest::extract`]) behind the [`Extractor`] seam the jobs call. A llama.cpp context
 //! cannot move between threads, so one thread owns it and extractions queue for it.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::engine::generate::WarmContext;
 use crate::engine::threads::{EngineThreads, ModelStartError, RunError};
-use crate::engine::{Busy, Engine, EngineParams};
+use crate::engine::{Busy, Engine};
 use crate::memory::extractor::{ExtractError, ExtractedFact, Extractor};
 use crate::memory::ingest::extract::{self, FactCandidate};
 
@@ -18,17 +17,6 @@ pub struct LlmExtractor {
 }
 
 impl LlmExtractor {
-    /// Loads the extraction model (seed 002's `memoryLlm`: configurable apart from the chat
-    /// model) and starts its thread.
-    pub fn load(
-        path: &Path,
-        params: EngineParams,
-        busy: Option<Busy>,
-    ) -> Result<LlmExtractor, ModelStartError> {
-        let engine = Engine::load(path, None, params)?;
-        LlmExtractor::start(Arc::new(engine), busy)
-    }
-
     /// Starts the thread on an engine already loaded (the chat model's weights, with a
     /// context of the thread's own). It pauses between decode steps while `busy` is true.
     pub fn start(engine: Arc<Engine>, busy: Option<Busy>) -> Result<LlmExtractor, ModelStartError> {

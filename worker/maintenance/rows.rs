@@ -3,9 +3,7 @@
 //! passed, a bounded batch per statement so no sweep holds its locks for long. The dialogue
 //! (`messages`, and the done turns it references) and memories stay until erased.
 
-use sqlx::PgPool;
-
-use super::types::Result;
+use sqlx::{PgPool, Result};
 
 /// Most rows one statement deletes; a sweep runs at most [`BATCHES`] of them per table.
 pub const BATCH: i64 = 5000;
@@ -51,7 +49,7 @@ pub async fn retain(pool: &PgPool, r: Retention) -> Result<Retained> {
     if r.failed_hours > 0 {
         for _ in 0..BATCHES {
             let (turns, logs): (i64, i64) =
-                sqlx::query_as(include_str!("../../sql/queue/retain_ended_turns.sql"))
+                sqlx::query_as(include_str!("../../sql/maintenance/retain_ended_turns.sql"))
                     .bind(r.failed_hours as f64)
                     .bind(BATCH)
                     .fetch_one(pool)
@@ -66,7 +64,7 @@ pub async fn retain(pool: &PgPool, r: Retention) -> Result<Retained> {
     if r.log_hours > 0 {
         out.turn_log += batches(
             pool,
-            include_str!("../../sql/queue/retain_turn_log.sql"),
+            include_str!("../../sql/maintenance/retain_turn_log.sql"),
             r.log_hours,
             None,
         )
@@ -82,14 +80,14 @@ pub async fn retain(pool: &PgPool, r: Retention) -> Result<Retained> {
         }
         out.memory_jobs += batches(
             pool,
-            include_str!("../../sql/queue/retain_memory_jobs.sql"),
+            include_str!("../../sql/maintenance/retain_memory_jobs.sql"),
             hours,
             Some(states),
         )
         .await?;
         out.summary_jobs += batches(
             pool,
-            include_str!("../../sql/queue/retain_summary_jobs.sql"),
+            include_str!("../../sql/maintenance/retain_summary_jobs.sql"),
             hours,
             Some(states),
         )
@@ -126,7 +124,7 @@ pub async fn count(pool: &PgPool, counts: &[(String, u64)]) -> Result<()> {
     if names.is_empty() {
         return Ok(());
     }
-    sqlx::query(include_str!("../../sql/queue/storage_count.sql"))
+    sqlx::query(include_str!("../../sql/maintenance/storage_count.sql"))
         .bind(&names)
         .bind(&values)
         .execute(pool)

@@ -1,4 +1,4 @@
-//! Storage upkeep, run by the reaper about once a minute: keeps the snapshot directory
+//! Storage upkeep, about once a minute: keeps the snapshot directory
 //! under its cap (files another worker sharing it wrote count too), deletes quarantined
 //! snapshots past their retention, and the rows finished turns and jobs no longer need.
 //! What it removed is counted in `/metrics` and in `kvmem_storage_counts` for
@@ -8,12 +8,10 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::generator::Deps;
-use crate::queue::{self, Retained, Retention};
+use super::chore::{Chore, Housekeeping, SWEEP_EVERY};
+use super::rows::{self, Retained, Retention};
+use crate::config::Settings;
 use crate::snapshot::QuarantineSwept;
-
-/// How often the reaper runs a storage sweep, at the most.
-pub(super) const UPKEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// What one storage sweep did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -29,10 +27,10 @@ pub struct StorageSwept {
 /// One storage sweep. `evictions_counted` is the eviction count already added to the
 /// database's totals, carried from sweep to sweep. A failed part is logged and the rest
 /// still runs: upkeep never stops a worker.
-pub async fn sweep_storage(deps: &Deps, evictions_counted: &mut u64) -> StorageSwept {
+pub async fn sweep_storage(deps: &Housekeeping, evictions_counted: &mut u64) -> StorageSwept {
     let mut swept = StorageSwept::default();
-    if let Some(store) = deps.generator.snapshots() {
-        let days = deps.settings.snapshot.quarantine_days;
+    if let Some(store) = &deps.snapshots {
+        let days = deps.settings.maintenance.quarantine_days;
         if days > 0 {
             match store
                 .sweep_quarantine(Duration::from_secs(days * 86400))
@@ -52,28 +50,46 @@ pub async fn sweep_storage(deps: &Deps, evictions_counted: &mut u64) -> StorageS
             swept.evictions = total.saturating_sub(*evictions_counted);
         }
     }
-    let q = &deps.settings.queue;
+    let q = &deps.settings.maintenance;
     let retention = Retention {
         finished_hours: q.finished_retention_hours,
         failed_hours: q.failed_retention_hours,
         log_hours: q.log_retention_hours,
     };
-    match queue::retain(&deps.pool, retention).await {
+    match rows::retain(&deps.pool, retention).await {
         Ok(rows) => swept.rows = rows,
         Err(e) => warn!(error = %e, "row retention failed"),
     }
-    let rows = swept.rows.by_table();
-    deps.metrics.storage_swept(&rows, swept.snapshot_bytes);
-    let mut counts: Vec<(String, u64)> = rows
+    let by_table = swept.rows.by_table();
+    deps.metrics.storage_swept(&by_table, swept.snapshot_bytes);
+    let mut counts: Vec<(String, u64)> = by_table
         .iter()
         .map(|(table, n)| (format!("rows_removed.{table}"), *n))
         .collect();
     counts.push(("snapshot_evictions".into(), swept.evictions));
     let removed = swept.quarantine.files + swept.quarantine.objects;
     counts.push(("quarantine_removed".into(), removed));
-    match queue::count_storage(&deps.pool, &counts).await {
+    match rows::count(&deps.pool, &counts).await {
         Ok(()) => *evictions_counted += swept.evictions,
         Err(e) => warn!(error = %e, "could not record the storage sweep's counts"),
     }
     swept
+}
+
+/// The storage sweep as a chore, carrying the evictions already counted.
+#[derive(Default)]
+pub(super) struct Storage {
+    evictions_counted: u64,
+}
+
+impl Chore for Storage {
+    const NAME: &'static str = "storage";
+
+    fn every(&self, _: &Settings) -> Duration {
+        SWEEP_EVERY
+    }
+
+    async fn run(&mut self, house: &Housekeeping) {
+        sweep_storage(house, &mut self.evictions_counted).await;
+    }
 }
