@@ -335,14 +335,14 @@ fn a_setting_in_its_old_section_still_lands_in_its_new_one() {
         jail.create_file("default.toml", include_str!("../../config/default.toml"))?;
         jail.create_file(
             "old.toml",
-            "[queue]\nreaper_ms = 777\nlog_retention_hours = 9\nlease_ms = 4000\n\
+            "[queue]\nreaper_ms = 777\nlog_retention_hours = 9\nlease_ms = 40000\n\
              [snapshot]\nquarantine_days = 2\n",
         )?;
         jail.set_env("KVMEM_ENV", "old");
         let s = Settings::load_from(jail.directory()).map_err(|e| e.to_string())?;
         let m = &s.maintenance;
         assert_eq!((m.reaper_ms, m.log_retention_hours), (777, 9));
-        assert_eq!((m.quarantine_days, s.queue.lease_ms), (2, 4000));
+        assert_eq!((m.quarantine_days, s.queue.lease_ms), (2, 40000));
         Ok(())
     });
     let err = Settings::defaults()
