@@ -511,3 +511,21 @@ pub async fn keys(store: &Arc<dyn ObjectStore>) -> Vec<String> {
     keys.sort();
     keys
 }
+
+/// A worker's `/metrics` samples of the counter `name`, each with its labels (OpenMetrics
+/// names a counter's sample `_total`, which the parser leaves untyped).
+pub async fn counter_samples(deps: &Deps, name: &str) -> Vec<(prometheus_parse::Labels, f64)> {
+    let text = deps.metrics.render(&deps.pool).await.unwrap();
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
+    let samples = scrape.samples.into_iter().filter(|s| s.metric == name);
+    samples
+        .map(|s| {
+            let value = match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                ref other => panic!("{name} is not a counter: {other:?}"),
+            };
+            (s.labels, value)
+        })
+        .collect()
+}

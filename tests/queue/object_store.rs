@@ -31,19 +31,9 @@ fn object(scope: &str) -> ObjectPath {
 
 /// One counter of a worker's `/metrics`.
 async fn counter(deps: &Deps, name: &str) -> f64 {
-    let text = deps.metrics.render(&deps.pool).await.unwrap();
-    let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
-    scrape
-        .samples
-        .iter()
-        .find(|s| s.metric == name)
-        // OpenMetrics names the counter's sample `_total`, which the parser leaves untyped.
-        .map(|s| match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-            ref other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+    let samples = counter_samples(deps, name).await;
+    let first = samples.first().map(|(_, v)| *v);
+    first.unwrap_or_else(|| panic!("{name} missing from /metrics"))
 }
 
 async fn kv_source(pool: &PgPool, turn_id: i64) -> Option<String> {

@@ -225,21 +225,12 @@ async fn retention_deletes_what_finished_turns_and_jobs_no_longer_need_and_keeps
 
 /// The samples of `kvmem_maintenance_runs_total`, by chore.
 async fn chore_runs(deps: &Deps) -> std::collections::HashMap<String, f64> {
-    let text = deps.metrics.render(&deps.pool).await.unwrap();
-    let lines = text.lines().map(|l| Ok(l.to_string()));
-    let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
-    scrape
-        .samples
-        .into_iter()
-        .filter(|s| s.metric == "kvmem_maintenance_runs_total")
-        .map(|s| {
-            let n = match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
-                other => panic!("not a counter: {other:?}"),
-            };
-            (s.labels.get("chore").unwrap_or_default().to_string(), n)
-        })
-        .collect()
+    let samples = counter_samples(deps, "kvmem_maintenance_runs_total").await;
+    let by_chore = samples.into_iter().map(|(labels, n)| {
+        let chore = labels.get("chore").unwrap_or_default().to_string();
+        (chore, n)
+    });
+    by_chore.collect()
 }
 
 #[sqlx::test(migrations = false)]
