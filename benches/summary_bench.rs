@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use chrono::{DateTime, TimeZone, Utc};
 use kvmem::config::Settings;
-use kvmem::engine::{Engine, EngineParams};
+use kvmem::engine::EngineParams;
 use kvmem::summary::{compaction, daily, jobs, SummaryConfig, SummaryService};
 use kvmem::system::{self, Model};
 use serde_json::{json, Value};
@@ -154,7 +154,7 @@ fn ms(d: Duration) -> f64 {
 /// Each summary kind `env.runs` times on SmolLM2, timed around the library call that makes
 /// it (model time plus its few queries).
 async fn kinds(env: &Env) -> Result<Value> {
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
         None,
         EngineParams::from_settings(&settings()?),
@@ -296,7 +296,7 @@ async fn compact_kind(svc: &SummaryService, run: usize) -> Result<Vec<(String, f
 async fn latency(env: &Env) -> Result<Value> {
     let settings =
         settings()?.with(json!({"kv_dir": std::env::temp_dir().join("kvmem-bench-summary-kv")}))?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
         None,
         EngineParams::from_settings(&settings),
@@ -304,13 +304,8 @@ async fn latency(env: &Env) -> Result<Value> {
     let pool = fresh_db(env, "kvmem_bench_summary_latency").await?;
     set_triggers(&pool, 1000, 1000).await?;
     let ch = common::character(&pool, "live").await?;
-    let deps = system::deps(
-        pool.clone(),
-        Arc::new(settings),
-        Model::Llama(engine),
-        "bench".into(),
-        kvmem::metrics::global(),
-    )?;
+    let deps = system::App::on(pool.clone(), Arc::new(settings))
+        .deps(Model::Llama(engine), "bench".into())?;
     let shutdown = CancellationToken::new();
     let worker = tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
     let n = env.runs.max(3) * 4;

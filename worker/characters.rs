@@ -1,6 +1,9 @@
 //! Characters managed without SQL: an operator adds, lists, edits and removes them
 //! (`kvmem character`), a user their own (`/v1/characters`). A character is owned by one
 //! user, or public: anyone may talk to it, each user with their own sessions and memory.
+//! What the chat endpoint asks of them (may this user talk to it, which ones are models, a
+//! system message as a persona) and the demo's character are here too: the faces run no
+//! SQL of their own on `user_characters`.
 
 use serde::Serialize;
 use sqlx::PgPool;
@@ -151,4 +154,67 @@ pub async fn remove(
         return Err(CharacterError::NotFound(id));
     }
     Ok(erase::erase(pool, store, &Subject::Character(id)).await?)
+}
+
+/// Whether `user` may talk to `character`: their own, or a public one
+/// (`sql/characters/character_owned.sql`).
+pub async fn may_talk(pool: &PgPool, character: i64, user: &str) -> Result<bool, CharacterError> {
+    Ok(
+        sqlx::query_scalar(include_str!("../sql/characters/character_owned.sql"))
+            .bind(character)
+            .bind(user)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// A character a user may talk to, as `/v1/models` lists it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Talkable {
+    pub id: i64,
+    pub name: String,
+    pub created: i64,
+    pub public: bool,
+}
+
+/// The characters `user` may talk to, oldest first: the public ones and their own (the
+/// public ones alone without a user) (`sql/characters/models.sql`).
+pub async fn talkable(pool: &PgPool, user: Option<&str>) -> Result<Vec<Talkable>, CharacterError> {
+    Ok(sqlx::query_as(include_str!("../sql/characters/models.sql"))
+        .bind(user)
+        .fetch_all(pool)
+        .await?)
+}
+
+/// Makes `persona` the persona of `character` when it is `user`'s own and the text differs;
+/// otherwise writes nothing (`sql/characters/set_persona.sql`).
+pub async fn set_persona(
+    pool: &PgPool,
+    character: i64,
+    user: &str,
+    persona: &str,
+) -> Result<(), CharacterError> {
+    sqlx::query(include_str!("../sql/characters/set_persona.sql"))
+        .bind(character)
+        .bind(user)
+        .bind(persona)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Adds the demo scenes' character (Captain Vega, with a plasma rifle) owned by `user`, and
+/// returns its id: the equipment first, then the character, each statement on its own
+/// (`sql/characters/demo_equipment.sql`, `sql/characters/demo_character.sql`).
+pub async fn add_demo(pool: &PgPool, user: &str) -> Result<i64, CharacterError> {
+    let eq: i64 = sqlx::query_scalar(include_str!("../sql/characters/demo_equipment.sql"))
+        .fetch_one(pool)
+        .await?;
+    Ok(
+        sqlx::query_scalar(include_str!("../sql/characters/demo_character.sql"))
+            .bind(user)
+            .bind(eq)
+            .fetch_one(pool)
+            .await?,
+    )
 }

@@ -61,6 +61,18 @@ pub struct HttpFaults {
     script: Mutex<VecDeque<(u16, String)>>,
 }
 
+/// What is wrong with a `KVMEM_TEST_HTTP_FAULTS` script; the test that wrote it reads
+/// this in the panic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultSpecError {
+    #[error("{entry:?} is not status@point")]
+    NotStatusAtPoint { entry: String },
+    #[error("{status:?} is not an HTTP error status")]
+    NotErrorStatus { status: String },
+    #[error("unknown point {point:?} (queued, done, started)")]
+    UnknownPoint { point: String },
+}
+
 impl HttpFaults {
     /// The script in `KVMEM_TEST_HTTP_FAULTS`; none when unset. A malformed one is a bug in
     /// the test that set it, so it panics with what is wrong.
@@ -73,19 +85,24 @@ impl HttpFaults {
     }
 
     /// Parses `500@queued,502@done`.
-    pub fn parse(spec: &str) -> Result<HttpFaults, String> {
+    pub fn parse(spec: &str) -> Result<HttpFaults, FaultSpecError> {
         let mut script = VecDeque::new();
         for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let (status, point) = entry
-                .split_once('@')
-                .ok_or_else(|| format!("{entry:?} is not status@point"))?;
+            let not_status_at_point = || FaultSpecError::NotStatusAtPoint {
+                entry: entry.to_string(),
+            };
+            let (status, point) = entry.split_once('@').ok_or_else(not_status_at_point)?;
             let status: u16 = status
                 .parse()
                 .ok()
                 .filter(|s| (400..600).contains(s))
-                .ok_or_else(|| format!("{status:?} is not an HTTP error status"))?;
+                .ok_or_else(|| FaultSpecError::NotErrorStatus {
+                    status: status.to_string(),
+                })?;
             if !matches!(point, "queued" | "done" | "started") {
-                return Err(format!("unknown point {point:?} (queued, done, started)"));
+                return Err(FaultSpecError::UnknownPoint {
+                    point: point.to_string(),
+                });
             }
             script.push_back((status, point.to_string()));
         }
@@ -116,8 +133,12 @@ mod tests {
         assert_eq!(f.take("queued"), None);
         assert_eq!(f.take("done"), Some(502));
         assert_eq!(f.take("done"), None);
-        for bad in ["500", "200@queued", "500@nowhere"] {
-            assert!(HttpFaults::parse(bad).is_err(), "{bad}");
-        }
+        let err = |spec: &str| HttpFaults::parse(spec).unwrap_err().to_string();
+        assert_eq!(err("500"), r#""500" is not status@point"#);
+        assert_eq!(err("200@queued"), r#""200" is not an HTTP error status"#);
+        assert_eq!(
+            err("500@nowhere"),
+            r#"unknown point "nowhere" (queued, done, started)"#
+        );
     }
 }

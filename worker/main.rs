@@ -101,7 +101,8 @@ async fn main() -> Result<()> {
         Command::Demo { scene, force } => cmd::demo::run(settings, scene, force).await?,
         Command::Memory(args) => cmd::memory::run(args, settings).await?,
         Command::Summary(args) => {
-            let pool = system::connect(&settings, 4).await?;
+            let as_is = system::Role::AsIs { connections: 4 };
+            let pool = system::build(settings.clone().into(), as_is).await?.pool;
             cmd::summary::run(args, settings, pool).await?
         }
         Command::Migrate { status } => queue::migrate(&settings, status).await?,

@@ -163,7 +163,7 @@ pub fn batching(model: &Path, quick: bool) -> Result<Value> {
     let kv_type = std::env::var("KVMEM_BENCH_KV_TYPE").unwrap_or_else(|_| "q8_0".into());
     let settings = Settings::defaults()
         .with(json!({ "n_ctx": 2048, "kv_tail_tokens": 2000, "kv_type": kv_type }))?;
-    let engine = Engine::load(model, None, EngineParams::from_settings(&settings))?;
+    let engine = kvmem::system::load_engine(model, None, EngineParams::from_settings(&settings))?;
     let mut ctxs = Contexts {
         work: engine.new_context()?,
         batch: Some(engine.new_batch_context(max as u32)?),

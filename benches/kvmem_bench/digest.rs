@@ -6,7 +6,7 @@ pub(super) async fn digest_latency(env: &Env) -> Result<Value> {
     let n = if env.quick { 200 } else { 1000 };
     let (pool, _) = fresh_db(env, "kvmem_bench_digest").await?;
     let shutdown = CancellationToken::new();
-    let tok: Arc<dyn kvmem::context::tokens::TokenCount> = Arc::new(Engine::load(
+    let tok: Arc<dyn kvmem::context::tokens::TokenCount> = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
         None,
         EngineParams::from_settings(&Settings::defaults()),
@@ -145,7 +145,7 @@ pub(super) async fn digest_load(env: &Env) -> Result<Value> {
 
     let shutdown = CancellationToken::new();
     let shutdown_workers = shutdown.clone();
-    let tok: Arc<dyn kvmem::context::tokens::TokenCount> = Arc::new(Engine::load(
+    let tok: Arc<dyn kvmem::context::tokens::TokenCount> = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
         None,
         EngineParams::from_settings(&Settings::defaults()),
@@ -166,14 +166,11 @@ pub(super) async fn digest_load(env: &Env) -> Result<Value> {
         .unwrap_or(4);
     let settings = Settings::defaults()
         .with(json!({"concurrency": echo_workers.max(1), "claim_batch": 0, "log_level": "warn"}))?;
-    let deps = system::deps(
-        system::connect_url(&url, 16).await?,
-        Arc::new(settings),
+    let deps = system::App::on(system::connect_url(&url, 16).await?, Arc::new(settings)).deps(
         Model::Echo {
             delay: Duration::ZERO,
         },
         "bench-digest-load".into(),
-        kvmem::metrics::global(),
     )?;
     let workers = tokio::spawn(async move {
         if echo_workers > 0 {

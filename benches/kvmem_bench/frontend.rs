@@ -102,7 +102,7 @@ async fn warm_share(env: &Env, tiny: &str) -> Result<Value> {
     let (pool, _) = fresh_db(env, "kvmem_bench_frontend").await?;
     let dir = tempfile::tempdir()?;
     let s = fe_settings(dir.path())?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         Path::new(tiny),
         None,
         EngineParams::from_settings(&s),

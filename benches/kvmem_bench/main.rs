@@ -34,7 +34,7 @@ use digest::*;
 use kvmem::config::Settings;
 use kvmem::engine::{Engine, EngineParams, KvSession};
 use kvmem::runner::{self, Deps, Outcome};
-use kvmem::snapshot::{self, FileStore, Limits, SegKind};
+use kvmem::snapshot::{self, Limits, SegKind};
 use kvmem::system::{self, Model};
 use queue::*;
 use recall::*;
@@ -227,13 +227,8 @@ async fn seed_history(
 }
 
 fn llama_deps(pool: &PgPool, settings: Settings, engine: Arc<Engine>) -> Result<Deps> {
-    Ok(system::deps(
-        pool.clone(),
-        Arc::new(settings),
-        Model::Llama(engine),
-        "bench".into(),
-        kvmem::metrics::global(),
-    )?)
+    Ok(system::App::on(pool.clone(), Arc::new(settings))
+        .deps(Model::Llama(engine), "bench".into())?)
 }
 
 /// Enqueues one turn and runs the queue until it is done.

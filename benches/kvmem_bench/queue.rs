@@ -27,14 +27,11 @@ pub(super) async fn echo_run(
     let enqueue_s = t.elapsed().as_secs_f64();
     let settings = Settings::defaults()
         .with(json!({"concurrency": concurrency, "claim_batch": claim_batch, "poll_ms": 50, "log_level": "warn"}))?;
-    let deps = system::deps(
-        pool.clone(),
-        Arc::new(settings),
+    let deps = system::App::on(pool.clone(), Arc::new(settings)).deps(
         Model::Echo {
             delay: Duration::ZERO,
         },
         format!("bench-{prefix}{concurrency}"),
-        kvmem::metrics::global(),
     )?;
     let shutdown = CancellationToken::new();
     let total = (sessions * turns) as i64;
@@ -88,14 +85,11 @@ pub(super) async fn start_latency(pool: &PgPool, n: usize) -> Result<(f64, f64)>
     let ch = character(pool).await?;
     let settings = Settings::defaults()
         .with(json!({"concurrency": 1, "poll_ms": 5000, "log_level": "warn"}))?;
-    let deps = system::deps(
-        pool.clone(),
-        Arc::new(settings),
+    let deps = system::App::on(pool.clone(), Arc::new(settings)).deps(
         Model::Echo {
             delay: Duration::ZERO,
         },
         "lat".into(),
-        kvmem::metrics::global(),
     )?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
@@ -268,7 +262,7 @@ pub(super) async fn growth(env: &Env) -> Result<Value> {
     let turns = if env.quick { 40 } else { 200 };
     let kv_dir = tempdir("growth")?;
     let s = Settings::defaults().with(json!({"kv_dir": kv_dir, "kv_tail_tokens": 1024, "reply_max_tokens": 24, "log_level": "warn"}))?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
         None,
         EngineParams::from_settings(&s),

@@ -98,7 +98,7 @@ pub(super) async fn recall(env: &Env) -> Result<Value> {
         "log_level": "warn",
     }))?;
     let off = on.with(json!({"memory_max_tokens": 0, "summary_max_tokens": 0}))?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
         None,
         EngineParams::from_settings(&on),

@@ -60,7 +60,7 @@ pub(crate) async fn soak(env: &Env) -> Result<Value> {
     let (pool, _) = fresh_db(env, "kvmem_bench_soak").await?;
     let control_dir = tempfile::tempdir()?;
     let s = soak_settings(control_dir.path(), 0)?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         Path::new(&tiny),
         None,
         EngineParams::from_settings(&s),

@@ -52,12 +52,12 @@ pub(super) async fn warm_cold_kv(
         "kv_dir": kv_dir, "n_ctx": 4096, "kv_tail_tokens": 3000, "reply_max_tokens": 32, "log_level": "warn",
         "kv_type": kv_type,
     }))?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         model,
         None,
         EngineParams::from_settings(&base),
     )?);
-    let store = FileStore::new(&kv_dir, Limits::LOOSE);
+    let store = kvmem::system::snapshot_files(&kv_dir, Limits::LOOSE);
     let mut rows = Vec::new();
     let mut shares = Vec::new();
     let mut ratios = Vec::new();
@@ -229,7 +229,8 @@ pub(super) fn snapshot_io(env: &Env) -> Result<Value> {
     );
     for kv in ["f16", "q8_0"] {
         let s = Settings::defaults().with(json!({"n_ctx": 4096, "kv_type": kv}))?;
-        let engine = Engine::load(&env.smollm2, None, EngineParams::from_settings(&s))?;
+        let engine =
+            kvmem::system::load_engine(&env.smollm2, None, EngineParams::from_settings(&s))?;
         let mut ctx = engine.new_context()?;
         let mut session = KvSession::empty(&engine, &mut ctx);
         session.append(
@@ -268,7 +269,7 @@ pub(super) fn snapshot_io(env: &Env) -> Result<Value> {
                 let mut h = header(kv, compress);
                 h.segments = segs.clone();
                 let file = snapshot::encode(&mut h, &ids, &state)?;
-                let store = FileStore::new(&dir, Limits::LOOSE);
+                let store = kvmem::system::snapshot_files(&dir, Limits::LOOSE);
                 let t = Instant::now();
                 store.save("io", &file)?;
                 p.entry("write").or_default().push(ms(t.elapsed()));

@@ -54,7 +54,7 @@ pub async fn streaming(base_url: &str, model: &Path, quick: bool) -> Result<Valu
         "kv_dir": kv_dir, "n_ctx": 2048, "kv_tail_tokens": 1500, "reply_max_tokens": 48,
         "log_level": "warn", "memory_lane": false, "summary_lane": false, "n_threads": 1,
     }))?;
-    let engine = Arc::new(Engine::load(
+    let engine = Arc::new(kvmem::system::load_engine(
         model,
         None,
         EngineParams::from_settings(&settings),
@@ -78,7 +78,8 @@ async fn first_byte(
     tokio::spawn(kvmem::runner::run(deps, shutdown.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-    let state = kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), String::new());
+    let state =
+        kvmem::system::App::on(pool.clone(), Arc::new(settings.clone())).http(String::new())?;
     tokio::spawn(kvmem::http::serve(listener, state, shutdown.clone()));
     let client = reqwest::Client::new();
     let mut streamed = Vec::new();

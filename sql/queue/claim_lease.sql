@@ -30,4 +30,15 @@
     SELECT session_id, id, 'claimed', jsonb_build_object('worker', $1::text, 'attempt', attempts)
       FROM claimed
 )
-SELECT * FROM claimed
+-- With each claimed turn, its session's last committed turn and the fence its completion
+-- carried: the only (turn, fence) a snapshot may hold to be resumed. Read in the claim's own
+-- statement, so the turn asks the queue nothing more; the session's lease, taken here, keeps
+-- any other turn of the session from committing until this one ends.
+SELECT c.*, d.id AS last_done_id, d.done_token AS last_done_token
+  FROM claimed c
+  LEFT JOIN LATERAL (
+      SELECT id, done_token FROM turns
+       WHERE session_id = c.session_id AND state = 'done'
+       ORDER BY id DESC
+       LIMIT 1
+  ) d ON true

@@ -92,14 +92,21 @@ pub fn echo_deps(pool: &PgPool, settings: Settings, worker_id: &str) -> Deps {
 
 /// Deps built the way `kvmem worker` builds them, counted in a registry of their own.
 pub fn deps(pool: &PgPool, settings: Settings, model: Model, worker_id: &str) -> Deps {
-    kvmem::system::deps(
-        pool.clone(),
-        Arc::new(settings),
-        model,
-        worker_id.to_string(),
-        Arc::new(kvmem::metrics::Metrics::new()),
-    )
-    .expect("system deps")
+    kvmem::system::App::on(pool.clone(), Arc::new(settings))
+        .with_metrics(Arc::new(kvmem::metrics::Metrics::new()))
+        .deps(model, worker_id.to_string())
+        .expect("system deps")
+}
+
+/// The HTTP API's state as `kvmem serve` builds it (the builder's), on a test's pool.
+pub fn http_state(
+    pool: PgPool,
+    settings: Arc<Settings>,
+    model_sha: String,
+) -> kvmem::http::AppState {
+    kvmem::system::App::on(pool, settings)
+        .http(model_sha)
+        .expect("http state")
 }
 
 /// The HTTP API on loopback and, when given, a worker on `deps`, as `kvmem serve` runs
@@ -191,7 +198,10 @@ pub fn load_engine(path: &std::path::Path, settings: &Settings) -> Arc<Engine> {
     // No subscriber in tests: llama.cpp's chatter is routed to tracing and dropped.
     static QUIET: std::sync::Once = std::sync::Once::new();
     QUIET.call_once(|| llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default()));
-    Arc::new(Engine::load(path, None, EngineParams::from_settings(settings)).expect("load model"))
+    Arc::new(
+        kvmem::system::load_engine(path, None, EngineParams::from_settings(settings))
+            .expect("load model"),
+    )
 }
 
 /// Deps running the real pipeline on `model`.

@@ -22,7 +22,7 @@ pub async fn api(pool: &PgPool, s: Settings, worker_id: &str) -> Served {
         .unwrap();
     let deps = llama_deps(&own, s.clone(), load_engine(&smollm2(), &s), worker_id);
     serve(
-        kvmem::http::AppState::new(own, Arc::new(s), "ab".repeat(32)),
+        crate::common::http_state(own, Arc::new(s), "ab".repeat(32)),
         Some(deps),
     )
     .await
@@ -250,7 +250,7 @@ async fn the_system_message_is_ignored_by_default(pool: PgPool) {
     migrate(&pool).await;
     let ada = character(&pool, "u1", "Ada").await;
     let s = settings(json!({}));
-    let state = kvmem::http::AppState::new(pool.clone(), Arc::new(s), "ab".repeat(32));
+    let state = crate::common::http_state(pool.clone(), Arc::new(s), "ab".repeat(32));
     let api = serve(state, None).await;
     let client = reqwest::Client::new();
     let r = client

@@ -258,11 +258,12 @@ fn a_file_that_is_not_a_model_is_refused_clearly() {
     let fake = dir.path().join("fake.gguf");
     std::fs::write(&fake, b"this is not a model").unwrap();
     let s = settings(serde_json::json!({}));
-    let err = Engine::load(&fake, None, kvmem::engine::EngineParams::from_settings(&s))
-        .err()
-        .unwrap();
+    let err =
+        kvmem::system::load_engine(&fake, None, kvmem::engine::EngineParams::from_settings(&s))
+            .err()
+            .unwrap();
     assert!(err.to_string().contains("not a GGUF file"), "{err}");
-    let err = Engine::load(
+    let err = kvmem::system::load_engine(
         &tiny_model(),
         Some(&"0".repeat(64)),
         kvmem::engine::EngineParams::from_settings(&s),

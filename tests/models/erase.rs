@@ -279,7 +279,7 @@ async fn an_erased_user_is_gone_from_every_table_and_store_and_the_other_is_unto
     let deps = common::deps(&pool, settings.clone(), Model::Llama(engine), "w-fill");
     let store = deps.snapshots.clone().unwrap();
     let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
+        crate::common::http_state(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
             .with_snapshots(store);
     let served = serve(state, Some(deps)).await;
     for (user, chars) in [(GONE, &gone[..]), (KEPT, &kept[..])] {
@@ -387,7 +387,7 @@ async fn an_erased_user_is_gone_from_every_table_and_store_and_the_other_is_unto
 
     // The erase, over HTTP. First the wall: the other user cannot reach these.
     let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
+        crate::common::http_state(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
             .with_snapshots(
                 kvmem::system::snapshot_store(&settings, &kvmem::metrics::Metrics::new()).unwrap(),
             );

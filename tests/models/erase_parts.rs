@@ -195,7 +195,7 @@ async fn an_erased_session_and_an_erased_character_leave_nothing_of_theirs(pool:
     let deps = common::deps(&pool, settings.clone(), Model::Llama(engine), "w-parts");
     let store = deps.snapshots.clone().unwrap();
     let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
+        crate::common::http_state(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
             .with_snapshots(store);
     let served = serve(state, Some(deps)).await;
     let base = served.base.clone();
@@ -335,7 +335,7 @@ async fn an_erased_session_and_an_erased_character_leave_nothing_of_theirs(pool:
     // The session, with its branches, over HTTP.
     let store = kvmem::system::snapshot_store(&settings, &kvmem::metrics::Metrics::new()).unwrap();
     let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
+        crate::common::http_state(pool.clone(), Arc::new(settings.clone()), "ab".repeat(32))
             .with_snapshots(store);
     let api = serve(state, None).await;
     let r = reqwest::Client::new()

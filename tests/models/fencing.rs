@@ -323,7 +323,7 @@ async fn a_worker_killed_mid_stream_leaves_a_whole_reply_and_a_clear_error(pool:
     };
     let mut doomed = spawn(true);
     let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
+        crate::common::http_state(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
     let api = serve(state, None).await;
     let chat_url = format!("{}/v1/chat/completions", api.base);
     let mut tap = StreamTap::session(&pool, "s-kill").await;

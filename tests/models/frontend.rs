@@ -58,7 +58,7 @@ async fn api(pool: &PgPool, engine: Arc<Engine>, s: kvmem::config::Settings) -> 
         .await
         .unwrap();
     let deps = llama_deps(&own, s.clone(), engine, "w-frontend");
-    let state = kvmem::http::AppState::new(own, Arc::new(s), "ab".repeat(32));
+    let state = crate::common::http_state(own, Arc::new(s), "ab".repeat(32));
     serve(state, Some(deps)).await
 }
 

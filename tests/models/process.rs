@@ -210,7 +210,7 @@ async fn smollm2_api(pool: &PgPool, s: Settings, worker_id: &str) -> Served {
         .await
         .unwrap();
     let deps = llama_deps(&own, s.clone(), load_engine(&smollm2(), &s), worker_id);
-    let state = kvmem::http::AppState::new(own, Arc::new(s), "ab".repeat(32));
+    let state = crate::common::http_state(own, Arc::new(s), "ab".repeat(32));
     serve(state, Some(deps)).await
 }
 

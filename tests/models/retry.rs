@@ -23,7 +23,7 @@ async fn api(pool: &PgPool, s: Settings, faults: &str, worker_id: &str) -> Serve
         .await
         .unwrap();
     let deps = llama_deps(&own, s.clone(), load_engine(&smollm2(), &s), worker_id);
-    let state = kvmem::http::AppState::new(own, Arc::new(s), "ab".repeat(32))
+    let state = crate::common::http_state(own, Arc::new(s), "ab".repeat(32))
         .with_faults(HttpFaults::parse(faults).unwrap());
     serve(state, Some(deps)).await
 }

@@ -135,7 +135,7 @@ async fn fields_kvmem_cannot_honour_are_refused_by_name(pool: PgPool) {
     migrate(&pool).await;
     let ch = character(&pool, "u1", "Ada").await;
     let state =
-        kvmem::http::AppState::new(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
+        crate::common::http_state(pool.clone(), Arc::new(settings(json!({}))), "ab".repeat(32));
     let api = serve(state, None).await;
     let refused = [
         ("n", json!({"n": 2})),

@@ -11,7 +11,6 @@ use crate::common;
 use std::sync::Arc;
 
 use common::*;
-use kvmem::http::AppState;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -31,7 +30,7 @@ async fn input_past_a_bound_is_refused_where_the_caller_sees_it(pool: PgPool) {
                             "http_max_message_chars": 100}),
     );
     let server = serve(
-        AppState::new(pool.clone(), Arc::new(s), "ab".repeat(32)),
+        crate::common::http_state(pool.clone(), Arc::new(s), "ab".repeat(32)),
         None,
     )
     .await;

@@ -11,7 +11,6 @@ use crate::common;
 use std::sync::Arc;
 
 use common::*;
-use kvmem::http::AppState;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
@@ -23,7 +22,7 @@ async fn api(pool: &PgPool, dir: &std::path::Path) -> Served {
     let config = kvmem::memory::MemoryConfig::from_settings(&s).unwrap();
     let memory = kvmem::system::memory_service_on(pool.clone(), config, None);
     let store = kvmem::system::snapshot_store(&s, &kvmem::metrics::Metrics::new()).unwrap();
-    let state = AppState::new(pool.clone(), Arc::new(s.clone()), "ab".repeat(32))
+    let state = crate::common::http_state(pool.clone(), Arc::new(s.clone()), "ab".repeat(32))
         .with_memory(Arc::new(memory))
         .with_snapshots(store);
     serve(state, Some(echo_deps(pool, s, "w-public"))).await

@@ -11,7 +11,6 @@ use crate::common;
 use std::sync::Arc;
 
 use common::*;
-use kvmem::http::AppState;
 use kvmem::turn::chain;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -20,7 +19,7 @@ async fn api(pool: &PgPool) -> Served {
     let s = settings(json!({}));
     let deps = echo_deps(pool, s.clone(), "w-conversations");
     serve(
-        AppState::new(pool.clone(), Arc::new(s), "ab".repeat(32)),
+        crate::common::http_state(pool.clone(), Arc::new(s), "ab".repeat(32)),
         Some(deps),
     )
     .await

@@ -256,7 +256,7 @@ async fn a_request_waiting_on_an_erased_turn_is_told_so_and_not_retried(pool: Pg
     let ch = character(&pool, USER, "Ada").await;
     // No worker: the turn stays queued while the request waits.
     let s = settings(json!({"http_timeout_ms": 60_000}));
-    let state = kvmem::http::AppState::new(pool.clone(), Arc::new(s), "ab".repeat(32));
+    let state = crate::common::http_state(pool.clone(), Arc::new(s), "ab".repeat(32));
     let server = serve(state, None).await;
     let sdk = tokio::process::Command::new(openai_python())
         .args([

@@ -10,7 +10,6 @@ use crate::common;
 use std::sync::Arc;
 
 use common::*;
-use kvmem::http::AppState;
 use kvmem::queue;
 use reqwest::{Method, RequestBuilder};
 use serde_json::{json, Value};
@@ -181,7 +180,7 @@ async fn serve_mode(pool: &PgPool, mode: Mode) -> Served {
     let config = kvmem::memory::MemoryConfig::from_settings(&s).unwrap();
     let memory = kvmem::system::memory_service_on(pool.clone(), config, None);
     let worker = echo_deps(pool, s.clone(), "w-identity");
-    let state = AppState::new(pool.clone(), Arc::new(s), "ab".repeat(32))
+    let state = crate::common::http_state(pool.clone(), Arc::new(s), "ab".repeat(32))
         .with_memory(Arc::new(memory))
         .with_snapshots(
             kvmem::system::snapshot_store(

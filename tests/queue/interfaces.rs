@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvmem::http::AppState;
 use kvmem::runner::{self, Deps};
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -20,8 +19,8 @@ async fn start(
     settings: kvmem::config::Settings,
     metrics: Arc<kvmem::metrics::Metrics>,
 ) -> Served {
-    let state =
-        AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32)).with_metrics(metrics);
+    let state = crate::common::http_state(pool.clone(), Arc::new(settings), "ab".repeat(32))
+        .with_metrics(metrics);
     serve(state, deps).await
 }
 

@@ -97,7 +97,7 @@ async fn snapshots_round_trip_through_the_object_store_and_a_stale_cache_is_not_
     assert_eq!(kv_source(&pool, t4.0).await.as_deref(), Some("cache"));
 
     // Back on w1, whose cached copy holds turn 2: it is stale, so the bucket's is read.
-    let cached = kvmem::snapshot::FileStore::new(dir1.path(), kvmem::snapshot::Limits::LOOSE);
+    let cached = w1.snapshots.as_ref().expect("w1's store").files();
     match cached.load(&scope) {
         kvmem::snapshot::Loaded::Found(snap) => assert_eq!(snap.header.turn_id, t2.0),
         other => panic!("w1's cache should still hold turn 2: {other:?}"),
@@ -490,7 +490,7 @@ async fn the_rotate_hint_reads_the_bucket_when_the_cache_holds_an_older_snapshot
         "{latest} tokens after two turns, {older} after one"
     );
     let store = w1.snapshots.clone().expect("a llama worker");
-    let state = kvmem::http::AppState::new(pool.clone(), std::sync::Arc::new(s1), "ab".repeat(32))
+    let state = crate::common::http_state(pool.clone(), std::sync::Arc::new(s1), "ab".repeat(32))
         .with_snapshots(store);
     let server = serve(state, None).await;
     let hint = || async {

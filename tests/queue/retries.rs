@@ -9,14 +9,14 @@ use crate::common;
 use std::sync::Arc;
 
 use common::*;
-use kvmem::http::AppState;
 use kvmem::runner::Outcome;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
 /// The HTTP API without a worker: turns stay queued until the test drains them.
 async fn api(pool: &PgPool, overrides: Value) -> Served {
-    let state = AppState::new(pool.clone(), Arc::new(settings(overrides)), "ab".repeat(32));
+    let state =
+        crate::common::http_state(pool.clone(), Arc::new(settings(overrides)), "ab".repeat(32));
     serve(state, None).await
 }
 

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use kvmem::http::AppState;
 use kvmem::queue;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -133,7 +132,7 @@ async fn api(pool: &PgPool, settings: kvmem::config::Settings, worker: bool) -> 
     // Lexical memory (no embedder): enough to find A's words, and to prove B cannot.
     let config = kvmem::memory::MemoryConfig::from_settings(&settings).unwrap();
     let memory = kvmem::system::memory_service_on(pool.clone(), config, None);
-    let state = AppState::new(pool.clone(), Arc::new(settings), "ab".repeat(32))
+    let state = crate::common::http_state(pool.clone(), Arc::new(settings), "ab".repeat(32))
         .with_memory(Arc::new(memory));
     serve(state, worker).await
 }

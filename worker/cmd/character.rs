@@ -5,7 +5,10 @@ use clap::{Args, Subcommand};
 
 use crate::characters::{self, CharacterError, Edit};
 use crate::config::Settings;
-use crate::{db, metrics, system};
+use std::sync::Arc;
+
+use crate::db;
+use crate::system::{self, Role};
 
 #[derive(Debug, Args)]
 pub struct CharacterArgs {
@@ -68,8 +71,8 @@ pub enum CharacterCmdError {
 const OPERATOR: &str = "kvmem-operator";
 
 pub async fn run(args: CharacterArgs, settings: Settings) -> Result<(), CharacterCmdError> {
-    let pool = system::connect(&settings, 2).await?;
-    db::migrate(&pool).await?;
+    let app = system::build(Arc::new(settings.clone()), Role::Writer { connections: 2 }).await?;
+    let pool = app.pool.clone();
     match args.command {
         CharacterCommand::Add {
             name,
@@ -111,7 +114,7 @@ pub async fn run(args: CharacterArgs, settings: Settings) -> Result<(), Characte
             println!("{}", serde_json::to_string(&c)?);
         }
         CharacterCommand::Remove { id } => {
-            let store = system::snapshot_store(&settings, &metrics::global())?;
+            let store = app.snapshots()?;
             let done = characters::remove(&pool, &store, id, None).await?;
             println!(
                 "removed character {id}: {} rows, {} snapshot scopes",

@@ -11,9 +11,10 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::context::digest;
 use crate::queue;
 use crate::runner;
-use crate::system::Model;
+use crate::system::{Model, Role};
 use crate::turn::short_sha;
 
 use super::scene::{demo_character, wait_done};
@@ -151,20 +152,15 @@ pub async fn run(settings: Settings, scene: Scene, force: bool) -> Result<()> {
         overrides["summary"] = serde_json::json!({ "lane": false });
     }
     let settings = Arc::new(settings.with(overrides)?);
-    let pool = crate::system::database(&settings, 8).await?;
+    let app = crate::system::build(settings.clone(), Role::Writer { connections: 8 }).await?;
+    let pool = app.pool.clone();
     let engine = crate::system::load_model(&settings).await?;
     eprintln!(
         "demo: model {} (sha256 {})",
         engine.model_path.display(),
         short_sha(&engine.model_sha)
     );
-    let deps = crate::system::deps(
-        pool.clone(),
-        settings.clone(),
-        Model::Llama(engine.clone()),
-        runner::new_worker_id(),
-        crate::metrics::global(),
-    )?;
+    let deps = app.deps(Model::Llama(engine.clone()), runner::new_worker_id())?;
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(runner::run(deps, shutdown.clone()));
     let result = match scene {
@@ -183,17 +179,11 @@ pub async fn run(settings: Settings, scene: Scene, force: bool) -> Result<()> {
 /// Fails when the configured database holds turns: a real queue, whose queued turns the
 /// demo's worker would answer. A database without kvmem's tables holds none.
 async fn refuse_held_turns(settings: &Settings) -> Result<()> {
-    let pool = crate::system::connect(settings, 1).await?;
-    let has_table: bool = sqlx::query_scalar(include_str!("../../sql/cmd/demo_turns_table.sql"))
-        .fetch_one(&pool)
-        .await?;
-    let turns: i64 = if has_table {
-        sqlx::query_scalar(include_str!("../../sql/cmd/demo_turns_held.sql"))
-            .fetch_one(&pool)
-            .await?
-    } else {
-        0
-    };
+    let as_is = Role::AsIs { connections: 1 };
+    let pool = crate::system::build(Arc::new(settings.clone()), as_is)
+        .await?
+        .pool;
+    let turns = queue::turns_held(&pool).await?;
     pool.close().await;
     match turns {
         0 => Ok(()),
@@ -220,21 +210,12 @@ async fn scene(pool: &PgPool) -> Result<String> {
         ("alliance", "tech_syndicate", "Tech Syndicate partnership"),
         ("debt", "first_bank", "Owes 500 credits to First Bank"),
     ] {
-        sqlx::query(include_str!("../../sql/cmd/demo_fact.sql"))
-            .bind(&sid)
-            .bind(t)
-            .bind(key)
-            .bind(value)
-            .execute(pool)
-            .await?;
+        digest::seed_fact(pool, &sid, t, key, value).await?;
     }
     for (i, msg) in SCENE.iter().enumerate() {
         if i == 3 {
             // Seed 000's "Start Conflict" SQL.
-            sqlx::query(include_str!("../../sql/cmd/demo_conflict.sql"))
-                .bind(&sid)
-                .execute(pool)
-                .await?;
+            digest::start_demo_conflict(pool, &sid).await?;
             eprintln!("demo: state change before T4: conflict 'merchant_war' started");
         }
         let id = queue::enqueue(pool, &sid, user, ch, msg, None).await?;
@@ -244,24 +225,9 @@ async fn scene(pool: &PgPool) -> Result<String> {
     Ok(sid)
 }
 
-/// A successful turn's log line, as `demo_turn_logs.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct TurnLogRow {
-    cold: bool,
-    digest_injected: bool,
-    tokens_in_kv: i32,
-    kv_bytes: i64,
-    latency_ms: i32,
-    ttft_ms: i32,
-    digest_version: String,
-}
-
 /// The readable table: one row per turn.
 pub async fn summary(pool: &PgPool, sid: &str) -> Result<String> {
-    let rows = sqlx::query_as::<_, TurnLogRow>(include_str!("../../sql/cmd/demo_turn_logs.sql"))
-        .bind(sid)
-        .fetch_all(pool)
-        .await?;
+    let rows = queue::ok_turn_logs(pool, sid).await?;
     let mut out = String::new();
     let _ = writeln!(out, "| turn | start | digest_injected | digest_version | tokens_in_kv | kv_bytes | ttft_ms | latency_ms |");
     let _ = writeln!(out, "|---:|---|---|---|---:|---:|---:|---:|");

@@ -6,12 +6,12 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgPool;
 
 use super::scene::{wait_done, DemoError, Result};
 use crate::queue;
+use crate::summary::demo;
 
 /// The first session: four user turns, so seed 001's rolling summary is due.
 const FIRST: [&str; 4] = [
@@ -31,10 +31,7 @@ const USER: &str = "demo_sam";
 
 /// Plays the scene and returns the report to print.
 pub async fn scene(pool: &PgPool) -> Result<String> {
-    let before: Option<String> =
-        sqlx::query_scalar(include_str!("../../sql/cmd/demo_idle_get.sql"))
-            .fetch_optional(pool)
-            .await?;
+    let before = demo::idle_timeout(pool).await?;
     set_idle(pool, &DEMO_IDLE_S.to_string()).await?;
     let played = play(pool).await;
     set_idle(pool, before.as_deref().unwrap_or("1800")).await?;
@@ -42,11 +39,7 @@ pub async fn scene(pool: &PgPool) -> Result<String> {
 }
 
 async fn set_idle(pool: &PgPool, seconds: &str) -> Result<()> {
-    sqlx::query(include_str!("../../sql/cmd/demo_idle_set.sql"))
-        .bind(seconds)
-        .execute(pool)
-        .await?;
-    Ok(())
+    Ok(demo::set_idle_timeout(pool, seconds).await?)
 }
 
 async fn play(pool: &PgPool) -> Result<String> {
@@ -81,13 +74,6 @@ async fn say(pool: &PgPool, sid: &str, ch: i64, msg: &str, out: &mut String) -> 
     Ok(started.elapsed().as_millis() as u64)
 }
 
-/// The part of a summary session (`demo_sessions.sql`) the wait reads.
-#[derive(Debug, sqlx::FromRow)]
-struct SessionRow {
-    id: i64,
-    ended_at: Option<DateTime<Utc>>,
-}
-
 /// Waits (real time: the close is a real-time behaviour) until the first session has
 /// closed, its summary is stored and the rolling summary its fourth turn queued is made;
 /// returns the session id.
@@ -95,11 +81,7 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
     eprintln!("demo: waiting for the session to go idle and be summarised");
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
-        let rows = sqlx::query_as::<_, SessionRow>(include_str!("../../sql/cmd/demo_sessions.sql"))
-            .bind(USER)
-            .bind(ch)
-            .fetch_all(pool)
-            .await?;
+        let rows = demo::sessions(pool, USER, ch).await?;
         let closed = rows.first().filter(|r| r.ended_at.is_some()).map(|r| r.id);
         if let Some(id) = closed {
             if summarised(pool, ch, id).await? {
@@ -116,49 +98,20 @@ async fn wait_for_close(pool: &PgPool, ch: i64) -> Result<i64> {
 }
 
 async fn summarised(pool: &PgPool, ch: i64, session: i64) -> Result<bool> {
-    let session_done = sqlx::query(include_str!("../../sql/cmd/demo_session_summary.sql"))
-        .bind(session)
-        .fetch_optional(pool)
-        .await?
-        .is_some();
-    let rolling_done = sqlx::query(include_str!("../../sql/cmd/demo_rolling_finished.sql"))
-        .bind(USER)
-        .bind(ch)
-        .fetch_optional(pool)
-        .await?
-        .is_some();
+    let session_done = demo::session_summarised(pool, session).await?;
+    let rolling_done = demo::rolling_finished(pool, USER, ch).await?;
     Ok(session_done && rolling_done)
 }
 
-/// A session's summary or the error stored instead, as `demo_session_summary.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct SessionSummaryRow {
-    status: String,
-    summary: Option<Value>,
-    error: Option<String>,
-    attempts: i32,
-    elapsed_ms: i32,
-}
-
 async fn report_first(pool: &PgPool, ch: i64, session: i64, out: &mut String) -> Result<()> {
-    let rolling =
-        sqlx::query_as::<_, (String, i32, i32)>(include_str!("../../sql/cmd/demo_rolling.sql"))
-            .bind(USER)
-            .bind(ch)
-            .fetch_optional(pool)
-            .await?;
+    let rolling = demo::newest_rolling(pool, USER, ch).await?;
     if let Some((content, message_count, elapsed_ms)) = rolling {
         let _ = writeln!(
             out,
             "\nrolling summary after {message_count} messages ({elapsed_ms} ms on the model):\n  {content}"
         );
     }
-    let s = sqlx::query_as::<_, SessionSummaryRow>(include_str!(
-        "../../sql/cmd/demo_session_summary.sql"
-    ))
-    .bind(session)
-    .fetch_one(pool)
-    .await?;
+    let s = demo::session_summary(pool, session).await?;
     let _ = writeln!(
         out,
         "\nsession {session} closed; session summary: status={} attempts={} ({} ms on the model)",
@@ -185,12 +138,7 @@ async fn report_second(pool: &PgPool, ch: i64, out: &mut String) -> Result<()> {
 }
 
 async fn report_events(pool: &PgPool, out: &mut String) -> Result<()> {
-    let rows = sqlx::query_as::<_, (DateTime<Utc>, String, Value)>(include_str!(
-        "../../sql/cmd/demo_summary_events.sql"
-    ))
-    .bind(USER)
-    .fetch_all(pool)
-    .await?;
+    let rows = demo::summary_events(pool, USER).await?;
     let _ = writeln!(out, "\nsummary events (as `kvmem status` reads them):");
     for (created_at, kind, detail) in &rows {
         let _ = writeln!(

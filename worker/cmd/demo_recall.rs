@@ -91,12 +91,7 @@ async fn lanes(
         later.format("%H:%M:%S"),
         jobs.len()
     );
-    let row = sqlx::query_as::<_, (String, Option<serde_json::Value>)>(include_str!(
-        "../../sql/cmd/demo_recall_summary.sql"
-    ))
-    .bind(USER)
-    .fetch_optional(pool)
-    .await?;
+    let row = crate::summary::demo::newest_session_summary(pool, USER).await?;
     if let Some((status, summary)) = row {
         let _ = writeln!(
             out,
@@ -114,11 +109,7 @@ fn holds(text: &str, fact: &str) -> bool {
 
 /// The newest recall block in the session's committed KV, as the model saw it.
 async fn newest_recall(pool: &PgPool, engine: &Engine, sid: &str) -> Result<String> {
-    let (ids, table) =
-        sqlx::query_as::<_, (Vec<i32>, String)>(include_str!("../../sql/cmd/demo_recall_kv.sql"))
-            .bind(sid)
-            .fetch_one(pool)
-            .await?;
+    let (ids, table) = queue::session_kv_tokens(pool, sid).await?;
     let Ok(segments) = crate::snapshot::parse_segments(&table, ids.len() as u32) else {
         return Ok(String::new());
     };
@@ -138,17 +129,6 @@ async fn newest_recall(pool: &PgPool, engine: &Engine, sid: &str) -> Result<Stri
     Ok(newest)
 }
 
-/// What one turn injected and its reply, as `demo_recall_turn.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct TurnRow {
-    memory_keys: Vec<String>,
-    m_tokens: i32,
-    context_injected: bool,
-    c_tokens: i32,
-    tokens_in_kv: i32,
-    reply: String,
-}
-
 /// Per turn of session 2: what recall injected, whether the context went in, the KV size,
 /// and whether the reply holds the fact asked about.
 async fn table(pool: &PgPool, turns: &[(i64, String)], out: &mut String) -> Result<()> {
@@ -159,10 +139,7 @@ async fn table(pool: &PgPool, turns: &[(i64, String)], out: &mut String) -> Resu
     let _ = writeln!(out, "|---|---|---:|---|---|---:|---|");
     let mut blocks = String::new();
     for (i, ((id, recalled), (_, fact))) in turns.iter().zip(SECOND).enumerate() {
-        let r = sqlx::query_as::<_, TurnRow>(include_str!("../../sql/cmd/demo_recall_turn.sql"))
-            .bind(id)
-            .fetch_one(pool)
-            .await?;
+        let r = queue::turn_injected(pool, queue::TurnId(*id)).await?;
         let m_tokens = r.m_tokens;
         // The session's newest recall block is this turn's only if the turn injected one.
         let recalled = if m_tokens > 0 { recalled.as_str() } else { "" };

@@ -6,7 +6,9 @@ use clap::Args;
 use super::error::CommandError;
 use crate::config::Settings;
 use crate::erase::{self, Subject};
-use crate::{db, metrics, system};
+use std::sync::Arc;
+
+use crate::system::{self, Role};
 
 /// Erase a user (with nothing else), one character, or one session: every row in every
 /// table, the snapshot files, their quarantined copies and the objects. Writes: it
@@ -50,9 +52,9 @@ impl EraseArgs {
 }
 
 pub async fn run(args: EraseArgs, settings: Settings) -> Result<(), CommandError> {
-    let pool = system::connect(&settings, 2).await?;
-    db::migrate(&pool).await?;
-    let store = system::snapshot_store(&settings, &metrics::global())?;
+    let app = system::build(Arc::new(settings.clone()), Role::Writer { connections: 2 }).await?;
+    let pool = app.pool.clone();
+    let store = app.snapshots()?;
     let done = erase::erase(&pool, &store, &args.subject()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&done)?);

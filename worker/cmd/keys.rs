@@ -5,7 +5,10 @@ use clap::{Args, Subcommand};
 
 use crate::config::Settings;
 use crate::keys::{self, KeyError};
-use crate::{db, system};
+use std::sync::Arc;
+
+use crate::db;
+use crate::system::{self, Role};
 
 #[derive(Debug, Args)]
 pub struct KeysArgs {
@@ -51,8 +54,8 @@ pub enum KeysCmdError {
 }
 
 pub async fn run(args: KeysArgs, settings: Settings) -> Result<(), KeysCmdError> {
-    let pool = system::connect(&settings, 2).await?;
-    db::migrate(&pool).await?;
+    let app = system::build(Arc::new(settings.clone()), Role::Writer { connections: 2 }).await?;
+    let pool = app.pool.clone();
     match args.command {
         KeysCommand::Create { user, label } => {
             let (id, key) = keys::create(&pool, &user, &label).await?;

@@ -1,6 +1,7 @@
 //! The small commands on the queue and the digest: `kvmem migrate`, `kvmem enqueue`,
 //! `kvmem digest` and `kvmem status`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
@@ -9,11 +10,12 @@ use super::error::CommandError;
 use super::{migrations, status};
 use crate::config::Settings;
 use crate::context::tokens::{TokenCount, WordCount};
-use crate::{db, queue, system};
+use crate::system::{self, Role};
+use crate::{db, queue};
 
 /// `kvmem migrate [--status]`: the upgrade, or the list of migrations.
 pub async fn migrate(settings: &Settings, list: bool) -> Result<(), CommandError> {
-    let pool = system::connect(settings, 2).await?;
+    let pool = pool(settings, Role::AsIs { connections: 2 }).await?;
     if list {
         print!("{}", migrations::status(&pool).await?);
         return Ok(());
@@ -47,7 +49,7 @@ pub struct EnqueueArgs {
 
 /// `kvmem enqueue`: one turn queued, as a backend would with `kvmem_enqueue_turn`.
 pub async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<(), CommandError> {
-    let pool = system::database(settings, 1).await?;
+    let pool = pool(settings, Role::Writer { connections: 1 }).await?;
     let id = queue::enqueue(
         &pool,
         &args.session,
@@ -63,10 +65,14 @@ pub async fn enqueue(args: EnqueueArgs, settings: &Settings) -> Result<(), Comma
 
 /// `kvmem digest`: a session's digest built from its facts, stored only with `store`.
 pub async fn digest(session: &str, store: bool, settings: &Settings) -> Result<(), CommandError> {
-    let pool = match store {
-        true => system::database(settings, 1).await?,
-        false => system::connect_current(settings, 1, "digest").await?,
+    let role = match store {
+        true => Role::Writer { connections: 1 },
+        false => Role::Reader {
+            connections: 1,
+            command: "digest",
+        },
     };
+    let pool = pool(settings, role).await?;
     // The model's tokenizer when a model is configured, else the word counter.
     let tok: std::sync::Arc<dyn TokenCount> = match &settings.engine.model_path {
         Some(_) => system::load_model(settings).await? as std::sync::Arc<dyn TokenCount>,
@@ -88,8 +94,12 @@ pub async fn digest(session: &str, store: bool, settings: &Settings) -> Result<(
 
 /// `kvmem status [--watch SECS]`: the queue report and storage, once or every `watch`.
 pub async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<(), CommandError> {
-    let pool = system::connect_current(settings, 1, "status").await?;
-    let store = system::snapshot_store(settings, &crate::metrics::global())?;
+    let reader = Role::Reader {
+        connections: 1,
+        command: "status",
+    };
+    let app = system::build(Arc::new(settings.clone()), reader).await?;
+    let (pool, store) = (app.pool.clone(), app.snapshots()?);
     loop {
         let mut text = status::report(&pool).await?;
         text.push_str(&status::storage(&pool, &store).await?);
@@ -102,4 +112,9 @@ pub async fn watch_status(watch: Option<u64>, settings: &Settings) -> Result<(),
             None => return Ok(()),
         }
     }
+}
+
+/// The pool `role` calls for, through the builder.
+async fn pool(settings: &Settings, role: Role<'_>) -> Result<sqlx::PgPool, CommandError> {
+    Ok(system::build(Arc::new(settings.clone()), role).await?.pool)
 }

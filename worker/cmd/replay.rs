@@ -10,7 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use crate::queue::{self, QueueError};
+use crate::context::digest;
+use crate::queue::{self, LogStart, QueueError};
 
 /// One session to replay.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,46 +41,17 @@ pub struct TurnStart {
     pub rebuild: Option<String>,
 }
 
-/// A turn's start columns from its log row; all null when the turn has no OK log row.
-#[derive(Debug, sqlx::FromRow)]
-struct StartCols {
-    cold: Option<bool>,
-    cold_reason: Option<String>,
-    rebuild: Option<String>,
-}
-
-impl StartCols {
-    fn start(self) -> Option<TurnStart> {
+impl TurnStart {
+    /// How a turn started, from its log row's start columns; `None` when the turn has no OK
+    /// log row.
+    fn from_log(cols: LogStart) -> Option<TurnStart> {
         Some(TurnStart {
-            cold: self.cold?,
-            cold_reason: self.cold_reason,
-            rebuild: self.rebuild,
+            cold: cols.cold?,
+            cold_reason: cols.cold_reason,
+            rebuild: cols.rebuild,
         })
     }
-}
 
-/// A recorded turn, as `replay_source_turns.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct SourceTurnRow {
-    user_id: String,
-    character_id: i64,
-    message: String,
-    reply: Option<String>,
-    #[sqlx(flatten)]
-    start: StartCols,
-}
-
-/// A replayed turn's outcome, as `replay_turn_result.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct TurnResultRow {
-    state: String,
-    reply: Option<String>,
-    latency_ms: Option<i32>,
-    #[sqlx(flatten)]
-    start: StartCols,
-}
-
-impl TurnStart {
     /// `warm`, `cold (exact)` or `cold (text): <reason>`: the table's start column.
     fn label(start: Option<&TurnStart>) -> String {
         match start {
@@ -147,16 +119,20 @@ pub enum ReplayError {
     Timeout(u64),
 }
 
+/// A queue read's error as a replay has always reported the database's ("database: …"),
+/// not as a queueing error ("queue: database: …").
+fn db(e: QueueError) -> ReplayError {
+    match e {
+        QueueError::Db(e) => ReplayError::Db(e),
+        other => ReplayError::Queue(other),
+    }
+}
+
 /// Reads recorded sessions from the database: their done turns, in order.
 pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Scene>, ReplayError> {
     let mut scenes = Vec::new();
     for sid in sessions {
-        let rows = sqlx::query_as::<_, SourceTurnRow>(include_str!(
-            "../../sql/cmd/replay_source_turns.sql"
-        ))
-        .bind(sid)
-        .fetch_all(pool)
-        .await?;
+        let rows = queue::source_turns(pool, sid).await.map_err(db)?;
         let first = rows
             .first()
             .ok_or_else(|| ReplayError::UnknownSession(sid.clone()))?;
@@ -167,7 +143,7 @@ pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Sc
         for r in rows {
             messages.push(r.message);
             replies.push(r.reply.unwrap_or_default());
-            starts.push(r.start.start());
+            starts.push(TurnStart::from_log(r.start));
         }
         scenes.push(Scene {
             session_id: sid.clone(),
@@ -176,12 +152,7 @@ pub async fn scenes_from_db(pool: &PgPool, sessions: &[String]) -> Result<Vec<Sc
             messages,
             replies,
             starts,
-            facts_changed: sqlx::query_scalar(include_str!(
-                "../../sql/cmd/replay_facts_changed.sql"
-            ))
-            .bind(sid)
-            .fetch_one(pool)
-            .await?,
+            facts_changed: digest::facts_changed(pool, sid).await?,
         });
     }
     Ok(scenes)
@@ -256,11 +227,7 @@ async fn queue_scenes<'s>(
     let mut queued = Vec::new();
     for scene in scenes {
         let target = crate::turn::replay_session(run_id, &scene.session_id);
-        sqlx::query(include_str!("../../sql/cmd/replay_copy_facts.sql"))
-            .bind(&scene.session_id)
-            .bind(&target)
-            .execute(pool)
-            .await?;
+        digest::copy_facts(pool, &scene.session_id, &target).await?;
         for (index, msg) in scene.messages.iter().enumerate() {
             let key = format!("{target}:{index}");
             let turn = queue::NewTurn {
@@ -301,10 +268,7 @@ async fn wait_for(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     loop {
-        let finished: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/replay_finished.sql"))
-            .bind(ids)
-            .fetch_one(pool)
-            .await?;
+        let finished = queue::finished_count(pool, ids).await.map_err(db)?;
         bar.set_position(finished as u64);
         if finished as usize == ids.len() {
             bar.finish();
@@ -326,11 +290,7 @@ async fn compare(pool: &PgPool, q: Queued<'_>) -> Result<TurnReport, ReplayError
         index: i,
         id,
     } = q;
-    let row =
-        sqlx::query_as::<_, TurnResultRow>(include_str!("../../sql/cmd/replay_turn_result.sql"))
-            .bind(id.0)
-            .fetch_one(pool)
-            .await?;
+    let row = queue::replayed_turn(pool, id).await.map_err(db)?;
     let reply = row.reply;
     let original = scene.replies.get(i).cloned();
     Ok(TurnReport {
@@ -341,7 +301,7 @@ async fn compare(pool: &PgPool, q: Queued<'_>) -> Result<TurnReport, ReplayError
         state: row.state,
         latency_ms: row.latency_ms,
         cold: row.start.cold,
-        start: row.start.start(),
+        start: TurnStart::from_log(row.start),
         original_start: scene.starts.get(i).cloned().flatten(),
         after_original_cold: last_cold_start(&scene.starts[..scene.starts.len().min(i + 1)]),
         identical: original.as_ref().map(|o| Some(o) == reply.as_ref()),

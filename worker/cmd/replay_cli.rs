@@ -12,7 +12,7 @@ use super::error::CommandError;
 use super::replay;
 use super::worker::{in_process, GeneratorKind};
 use crate::config::Settings;
-use crate::system;
+use crate::system::{self, Role};
 
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -41,7 +41,11 @@ pub async fn run(args: ReplayArgs, settings: Settings) -> Result<(), CommandErro
     let mut replay_settings = settings;
     replay_settings.queue.lanes = vec!["replay".into()];
     let settings = Arc::new(replay_settings);
-    let pool = system::database(&settings, settings.queue.concurrency + 4).await?;
+    let writer = Role::Writer {
+        connections: settings.queue.concurrency + 4,
+    };
+    let app = system::build(settings, writer).await?;
+    let pool = app.pool.clone();
     let mut all = replay::scenes_from_db(&pool, &args.session).await?;
     if let Some(path) = &args.scenes {
         all.extend(replay::scenes_from_jsonl(path)?);
@@ -52,7 +56,7 @@ pub async fn run(args: ReplayArgs, settings: Settings) -> Result<(), CommandErro
         ));
     }
     let shutdown = CancellationToken::new();
-    let worker = in_process(args.no_worker, &settings, &pool, args.generator, &shutdown)
+    let worker = in_process(args.no_worker, &app, args.generator, &shutdown)
         .await?
         .worker;
     let run_id = chrono::Utc::now().format("%Y%m%dT%H%M%S%3f").to_string();

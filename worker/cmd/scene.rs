@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::characters::{self, CharacterError};
 use crate::config::ConfigError;
-use crate::queue::{QueueError, TurnId};
+use crate::queue::{self, QueueError, TurnId};
 
 /// Why the demo stopped.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,8 @@ pub enum DemoError {
     System(#[from] crate::system::SystemError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error(transparent)]
+    Character(#[from] CharacterError),
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
     #[error(transparent)]
@@ -61,27 +64,13 @@ pub type Result<T, E = DemoError> = std::result::Result<T, E>;
 
 /// The scenes' character (Captain Vega, with a sword), owned by `user`.
 pub(super) async fn demo_character(pool: &PgPool, user: &str) -> Result<i64> {
-    let eq: i64 = sqlx::query_scalar(include_str!("../../sql/cmd/demo_equipment.sql"))
-        .fetch_one(pool)
-        .await?;
-    Ok(
-        sqlx::query_scalar(include_str!("../../sql/cmd/demo_character.sql"))
-            .bind(user)
-            .bind(eq)
-            .fetch_one(pool)
-            .await?,
-    )
+    Ok(characters::add_demo(pool, user).await?)
 }
 
 pub(super) async fn wait_done(pool: &PgPool, id: TurnId) -> Result<String> {
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     loop {
-        let (state, reply, error) = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
-            include_str!("../../sql/cmd/demo_turn_state.sql"),
-        )
-        .bind(id.0)
-        .fetch_one(pool)
-        .await?;
+        let (state, reply, error) = queue::turn_outcome(pool, id).await?;
         match state.as_str() {
             "done" => return Ok(reply.unwrap_or_default()),
             "failed" | "dead" => return Err(DemoError::Turn { id, error, state }),

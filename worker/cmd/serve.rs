@@ -6,9 +6,9 @@ use std::sync::Arc;
 use clap::Args;
 
 use super::error::CommandError;
-use super::worker::{in_process, shutdown_on_signal, GeneratorKind, InProcess};
+use super::worker::{in_process, server, shutdown_on_signal, GeneratorKind, InProcess};
 use crate::config::Settings;
-use crate::http::{self, AppState};
+use crate::http;
 use crate::system;
 
 #[derive(Debug, Args)]
@@ -30,21 +30,16 @@ pub async fn run(args: ServeArgs, settings: Settings) -> Result<(), CommandError
         .next()
         .ok_or_else(|| CommandError::Failed(format!("{listen} resolves to no address")))?;
     http::check_exposure(&addr, &settings)?;
-    let settings = Arc::new(settings);
     // Signals first, as for `kvmem worker`: a SIGTERM while waiting for the database is a
     // clean exit.
     let shutdown = shutdown_on_signal();
     let connections = settings.queue.concurrency + 8;
-    let ready = system::database_when_ready(&settings, connections, &shutdown).await;
-    let Some(pool) = ready.map_err(CommandError::Start)? else {
-        tracing::info!("stopped before the database was reachable");
+    let Some(app) = server(Arc::new(settings), connections, &shutdown).await? else {
         return Ok(());
     };
-    let InProcess {
-        worker,
-        snapshots,
-        placement,
-    } = in_process(args.no_worker, &settings, &pool, args.generator, &shutdown).await?;
+    let settings = app.settings.clone();
+    let InProcess { worker, placement } =
+        in_process(args.no_worker, &app, args.generator, &shutdown).await?;
     let model_sha = match &settings.engine.model_path {
         Some(p) => crate::engine::file_sha256(p).unwrap_or_default(),
         None => String::new(),
@@ -53,17 +48,15 @@ pub async fn run(args: ServeArgs, settings: Settings) -> Result<(), CommandError
         .await
         .map_err(CommandError::io(format!("binding {listen}")))?;
     tracing::info!(%listen, "kvserver listening");
-    let memory = system::memory_service(pool.clone(), &settings, true).await?;
-    let mut state = AppState::new(pool, settings, model_sha);
+    let memory = system::memory_service(app.pool.clone(), &settings, true).await?;
+    let mut state = app.http(model_sha)?;
     if let Some(p) = placement {
         state = state.with_placement("chat", p);
     }
     if let Some(e) = &memory.embedder {
         state = state.with_placement("embedder", e.placement.clone());
     }
-    let state = state
-        .with_memory(Arc::new(memory))
-        .with_snapshots(snapshots);
+    let state = state.with_memory(Arc::new(memory));
     let server = http::serve(listener, state, shutdown.clone());
     let serving = CommandError::io("serving");
     let Some(mut worker) = worker else {

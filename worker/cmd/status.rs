@@ -5,40 +5,26 @@ use std::fmt::Write;
 
 use sqlx::PgPool;
 
-/// A running turn and its lease, as `status_running.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct RunningRow {
-    turn_id: i64,
-    session_id: String,
-    owner: Option<String>,
-    lease_age_s: f64,
-    expires_in_s: f64,
-}
+use crate::queue::{self, QueueError};
 
-/// A dead-lettered turn, as `status_dead.sql` returns it.
-#[derive(Debug, sqlx::FromRow)]
-struct DeadRow {
-    turn_id: i64,
-    session_id: String,
-    attempts: i32,
-    error: Option<String>,
+/// The queue's error as the `sqlx::Error` this report returns: the queue's reads fail only
+/// with the database's error, which passes as it is.
+fn db(e: QueueError) -> sqlx::Error {
+    match e {
+        QueueError::Db(e) => e,
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
 }
 
 /// Renders the queue's state as text.
 pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
     let mut out = String::new();
-    let counts =
-        sqlx::query_as::<_, (String, i64)>(include_str!("../../sql/cmd/status_counts.sql"))
-            .fetch_all(pool)
-            .await?;
+    let counts = queue::state_counts(pool).await.map_err(db)?;
     let _ = writeln!(out, "turns by state:");
     for (state, turns) in &counts {
         let _ = writeln!(out, "  {state:<8} {turns}");
     }
-    let oldest =
-        sqlx::query_as::<_, (String, f64, i64)>(include_str!("../../sql/cmd/status_oldest.sql"))
-            .fetch_all(pool)
-            .await?;
+    let oldest = queue::oldest_queued(pool).await.map_err(db)?;
     let _ = writeln!(out, "oldest queued:");
     if oldest.is_empty() {
         let _ = writeln!(out, "  (queue empty)");
@@ -46,9 +32,7 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
     for (lane, age_s, queued) in &oldest {
         let _ = writeln!(out, "  {lane:<7} {age_s:.1}s ({queued} queued)");
     }
-    let running = sqlx::query_as::<_, RunningRow>(include_str!("../../sql/cmd/status_running.sql"))
-        .fetch_all(pool)
-        .await?;
+    let running = queue::running_turns(pool).await.map_err(db)?;
     let _ = writeln!(out, "running ({}):", running.len());
     for r in &running {
         let _ = writeln!(
@@ -61,9 +45,7 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.expires_in_s
         );
     }
-    let dead = sqlx::query_as::<_, DeadRow>(include_str!("../../sql/cmd/status_dead.sql"))
-        .fetch_all(pool)
-        .await?;
+    let dead = queue::dead_turns(pool).await.map_err(db)?;
     let _ = writeln!(out, "dead ({} shown):", dead.len());
     for r in &dead {
         let _ = writeln!(
@@ -75,15 +57,8 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.error.as_deref().unwrap_or_default()
         );
     }
-    let (turns, p50_ms, p95_ms) = sqlx::query_as::<_, (i64, Option<f64>, Option<f64>)>(
-        include_str!("../../sql/cmd/status_latency.sql"),
-    )
-    .fetch_one(pool)
-    .await?;
-    let (warm, cold) =
-        sqlx::query_as::<_, (i64, i64)>(include_str!("../../sql/cmd/status_warm.sql"))
-            .fetch_one(pool)
-            .await?;
+    let (turns, p50_ms, p95_ms) = queue::latency(pool).await.map_err(db)?;
+    let (warm, cold) = queue::warm_cold(pool).await.map_err(db)?;
     let _ = writeln!(
         out,
         "last hour: {turns} ok turns, p50 {:.0} ms, p95 {:.0} ms, warm {warm} / cold {cold}",
@@ -110,10 +85,7 @@ pub async fn storage(
         files.len(),
         dir.display()
     );
-    let totals =
-        sqlx::query_as::<_, (String, i64)>(include_str!("../../sql/cmd/status_storage.sql"))
-            .fetch_all(pool)
-            .await?;
+    let totals = crate::maintenance::storage_totals(pool).await?;
     let _ = writeln!(out, "storage upkeep, all workers:");
     if totals.is_empty() {
         let _ = writeln!(out, "  (nothing removed yet)");

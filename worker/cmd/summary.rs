@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use crate::config::{ConfigError, Settings};
 use crate::db::DbError;
 use crate::summary::context_manager::{ContextError, ContextManager};
+use crate::summary::report::{self, CharacterSummaries};
 use crate::summary::{daily, jobs, SummaryError};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +36,15 @@ pub enum SummaryCliError {
 }
 
 pub type Result<T, E = SummaryCliError> = std::result::Result<T, E>;
+
+/// A read's error as these commands have always reported the database's: bare, without the
+/// summary layer's "database:" prefix.
+fn sql(e: SummaryError) -> SummaryCliError {
+    match e {
+        SummaryError::Db(e) => SummaryCliError::Sql(e),
+        other => SummaryCliError::Summary(other),
+    }
+}
 
 #[derive(Args)]
 pub struct SummaryArgs {
@@ -145,11 +155,9 @@ async fn rebuild(
     run: bool,
 ) -> Result<()> {
     check_user(user)?;
-    let n: i64 = sqlx::query_scalar(include_str!("../../sql/summary/rebuild_queue.sql"))
-        .bind(user)
-        .bind(character)
-        .fetch_one(pool)
-        .await?;
+    let n = report::queue_rebuild(pool, user, character)
+        .await
+        .map_err(sql)?;
     println!("queued {n} summary jobs");
     if run {
         work(pool, settings).await?;
@@ -191,55 +199,20 @@ async fn work(pool: &PgPool, settings: &Settings) -> Result<()> {
     Ok(())
 }
 
-/// One character's row of `show.sql`.
-#[derive(sqlx::FromRow)]
-struct ShowRow {
-    character_id: i64,
-    state: Value,
-    rolling_summary: String,
-    rolling_versions: i64,
-    sessions: Option<Value>,
-    open_session: Option<Value>,
-}
-
-/// One line of `status.sql`: how many summary jobs of a kind are in a state.
-#[derive(sqlx::FromRow)]
-struct LaneRow {
-    kind: String,
-    state: String,
-    jobs: i64,
-}
-
-/// One event of `recent_failures.sql`.
-#[derive(sqlx::FromRow)]
-struct FailureRow {
-    kind: String,
-    detail: Value,
-    created_at: chrono::DateTime<Utc>,
-}
-
 /// The text `kvmem summary show` prints: this user's rows only, per character.
 pub async fn show(pool: &PgPool, user: &str, character: Option<i64>) -> Result<String> {
     check_user(user)?;
     let mut out = String::new();
-    let rows: Vec<ShowRow> = sqlx::query_as(include_str!("../../sql/summary/show.sql"))
-        .bind(user)
-        .bind(character)
-        .fetch_all(pool)
-        .await?;
+    let rows = report::character_summaries(pool, user, character)
+        .await
+        .map_err(sql)?;
     if rows.is_empty() {
         let _ = writeln!(out, "no session state for user {user}");
     }
     for r in &rows {
         show_character(&mut out, r);
     }
-    let spine: Option<(i32, String)> =
-        sqlx::query_as(include_str!("../../sql/summary/spine_current.sql"))
-            .bind(user)
-            .fetch_optional(pool)
-            .await?;
-    match spine {
-        // Decoded by position: `spine_current.sql` selects version, then content first.
+    match report::spine_current(pool, user).await.map_err(sql)? {
         Some((version, content)) => {
             let _ = writeln!(out, "spine v{version}:\n{content}");
         }
@@ -250,7 +223,7 @@ pub async fn show(pool: &PgPool, user: &str, character: Option<i64>) -> Result<S
     Ok(out)
 }
 
-fn show_character(out: &mut String, r: &ShowRow) {
+fn show_character(out: &mut String, r: &CharacterSummaries) {
     let _ = writeln!(out, "character {}:", r.character_id);
     let _ = writeln!(out, "  state: {}", r.state);
     let _ = writeln!(
@@ -274,21 +247,21 @@ fn show_character(out: &mut String, r: &ShowRow) {
 
 /// The summary lane's lines for `kvmem status`.
 pub async fn status_report(pool: &PgPool) -> Result<String, sqlx::Error> {
+    // The summary layer's reads fail only with the database's error, which `kvmem status`
+    // reports as it is.
+    let db = |e: SummaryError| match e {
+        SummaryError::Db(e) => e,
+        other => sqlx::Error::Protocol(other.to_string()),
+    };
     let mut out = String::from("summary lane:\n");
-    let rows: Vec<LaneRow> = sqlx::query_as(include_str!("../../sql/summary/status.sql"))
-        .fetch_all(pool)
-        .await?;
+    let rows = report::lane_counts(pool).await.map_err(db)?;
     if rows.is_empty() {
         out.push_str("  (no summary jobs)\n");
     }
     for r in &rows {
         let _ = writeln!(out, "  {:<8} {:<8} {}", r.kind, r.state, r.jobs);
     }
-    let failures: Vec<FailureRow> =
-        sqlx::query_as(include_str!("../../sql/summary/recent_failures.sql"))
-            .bind(5_i64)
-            .fetch_all(pool)
-            .await?;
+    let failures = report::recent_failures(pool, 5).await.map_err(db)?;
     for r in &failures {
         let _ = writeln!(
             out,

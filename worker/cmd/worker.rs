@@ -12,8 +12,7 @@ use super::error::CommandError;
 use crate::config::Settings;
 use crate::engine::Placement;
 use crate::runner::{self, Deps, WorkerError};
-use crate::snapshot::SnapshotStore;
-use crate::system::{self, Model, SystemError};
+use crate::system::{self, App, Model, Role, SystemError};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum GeneratorKind {
@@ -42,22 +41,39 @@ pub async fn run(args: WorkerArgs, mut settings: Settings) -> Result<(), Command
     }
     // Signals first: a SIGTERM while connecting or loading the model is a clean exit too.
     let shutdown = shutdown_on_signal();
-    let settings = Arc::new(settings);
     let connections = settings.queue.concurrency + 4;
-    let ready = system::database_when_ready(&settings, connections, &shutdown).await;
-    let Some(pool) = ready.map_err(CommandError::Start)? else {
-        tracing::info!("stopped before the database was reachable");
+    let Some(app) = server(Arc::new(settings), connections, &shutdown).await? else {
         return Ok(());
     };
-    let deps = build_deps(settings, pool, args.generator, args.echo_delay_ms).await?;
+    let deps = build_deps(&app, args.generator, args.echo_delay_ms).await?;
     runner::run(deps, shutdown).await?;
     Ok(())
 }
 
-/// The worker's dependencies: the pool and the chosen generator (model loaded once).
-async fn build_deps(
+/// The system a long-running process (`kvmem worker`, `kvmem serve`) runs on, once the
+/// database answers; `None` when a signal came first, which is a clean exit.
+pub async fn server(
     settings: Arc<Settings>,
-    pool: sqlx::PgPool,
+    connections: u32,
+    shutdown: &CancellationToken,
+) -> Result<Option<App>, CommandError> {
+    let role = Role::Server {
+        connections,
+        shutdown,
+    };
+    match system::build(settings, role).await {
+        Ok(app) => Ok(Some(app)),
+        Err(SystemError::Stopped) => {
+            tracing::info!("stopped before the database was reachable");
+            Ok(None)
+        }
+        Err(e) => Err(CommandError::Start(e)),
+    }
+}
+
+/// The worker's dependencies on `app`: the chosen generator (model loaded once).
+async fn build_deps(
+    app: &App,
     kind: GeneratorKind,
     echo_delay_ms: u64,
 ) -> Result<Deps, SystemError> {
@@ -65,48 +81,38 @@ async fn build_deps(
         GeneratorKind::Echo => Model::Echo {
             delay: Duration::from_millis(echo_delay_ms),
         },
-        GeneratorKind::Llama => Model::Llama(system::load_model(&settings).await?),
+        GeneratorKind::Llama => Model::Llama(system::load_model(&app.settings).await?),
     };
-    let id = runner::new_worker_id();
-    system::deps(pool, settings, model, id, crate::metrics::global())
+    app.deps(model, runner::new_worker_id())
 }
 
 type WorkerTask = tokio::task::JoinHandle<Result<(), WorkerError>>;
 
-/// The in-process worker of `kvmem serve` and `kvmem replay` (none when told not to), its
-/// snapshot store, and where its model runs.
+/// The in-process worker of `kvmem serve` and `kvmem replay` (none when told not to), and
+/// where its model runs. It shares the app's snapshot store with the server, so its cache
+/// index sees what `/v1/erase` removes.
 pub struct InProcess {
     pub worker: Option<WorkerTask>,
-    pub snapshots: SnapshotStore,
     pub placement: Option<Placement>,
 }
 
-/// A worker in this process unless `no_worker`, stopping on `shutdown`.
+/// A worker in this process on `app` unless `no_worker`, stopping on `shutdown`.
 pub async fn in_process(
     no_worker: bool,
-    settings: &Arc<Settings>,
-    pool: &sqlx::PgPool,
+    app: &App,
     generator: GeneratorKind,
     shutdown: &CancellationToken,
 ) -> Result<InProcess, SystemError> {
     if no_worker {
-        let snapshots = system::snapshot_store(settings, &crate::metrics::global())?;
         return Ok(InProcess {
             worker: None,
-            snapshots,
             placement: None,
         });
     }
-    let deps = build_deps(settings.clone(), pool.clone(), generator, 0).await?;
-    // The worker's own store, so its cache index sees what `/v1/erase` removes.
-    let snapshots = match &deps.snapshots {
-        Some(store) => store.clone(),
-        None => system::snapshot_store(settings, &deps.metrics)?,
-    };
+    let deps = build_deps(app, generator, 0).await?;
     let placement = deps.placement().cloned();
     Ok(InProcess {
         worker: Some(tokio::spawn(runner::run(deps, shutdown.clone()))),
-        snapshots,
         placement,
     })
 }

@@ -190,8 +190,8 @@ impl<P: Provider> Sectioned<P> {
             Ok(profiles) => profiles
                 .into_iter()
                 .map(|(p, dict)| Ok((p, sectioned(dict, &mut flat_seen)?)))
-                .collect::<Result<_, String>>()
-                .map_err(Error::from),
+                .collect::<Result<_, KeyClash>>()
+                .map_err(|e| Error::from(e.to_string())),
             Err(e) => Err(e),
         };
         Sectioned {
@@ -220,8 +220,18 @@ impl<P: Provider> Provider for Sectioned<P> {
     }
 }
 
+/// Why a layer's keys cannot be put in their sections: figment reports it as the layer's
+/// error, with this text.
+#[derive(Debug, thiserror::Error)]
+enum KeyClash {
+    #[error("`{flat}` belongs in section `{section}`, which is set to a value, not a table")]
+    NotATable { flat: String, section: String },
+    #[error("`{flat}` and `{nested}` are the same setting; set it once")]
+    Twice { flat: String, nested: String },
+}
+
 /// `dict` with every flat key, and every moved key, in its section.
-fn sectioned(mut dict: Dict, seen: &mut Vec<&'static str>) -> Result<Dict, String> {
+fn sectioned(mut dict: Dict, seen: &mut Vec<&'static str>) -> Result<Dict, KeyClash> {
     let moved = MOVED_KEYS.iter().filter_map(|&(old, nested)| {
         let (section, field) = old.split_once('.')?;
         match dict.get_mut(section) {
@@ -240,14 +250,16 @@ fn sectioned(mut dict: Dict, seen: &mut Vec<&'static str>) -> Result<Dict, Strin
             .entry(section.to_string())
             .or_insert_with(|| Value::from(Dict::new()));
         let Value::Dict(_, table) = table else {
-            return Err(format!(
-                "`{flat}` belongs in section `{section}`, which is set to a value, not a table"
-            ));
+            return Err(KeyClash::NotATable {
+                flat: flat.to_string(),
+                section: section.to_string(),
+            });
         };
         if table.contains_key(field) {
-            return Err(format!(
-                "`{flat}` and `{nested}` are the same setting; set it once"
-            ));
+            return Err(KeyClash::Twice {
+                flat: flat.to_string(),
+                nested: nested.to_string(),
+            });
         }
         table.insert(field.to_string(), value);
         if let Some(&(flat, _)) = FLAT_KEYS.iter().find(|(f, _)| *f == flat) {

@@ -12,6 +12,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::LlamaCppError;
 use sha2::{Digest, Sha256};
 
 use crate::config::{KvType, Settings};
@@ -97,12 +98,13 @@ pub struct Engine {
 
 /// The process-wide llama.cpp backend (also used by the memory embedder).
 pub fn backend() -> Result<&'static LlamaBackend> {
-    // llama.cpp's backend is process-global and may be initialised only once.
-    static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
+    // llama.cpp's backend is process-global and may be initialised only once, so a failed
+    // start is kept too: every later caller reads the same error from the static.
+    static BACKEND: OnceLock<std::result::Result<LlamaBackend, LlamaCppError>> = OnceLock::new();
     BACKEND
-        .get_or_init(|| LlamaBackend::init().map_err(|e| e.to_string()))
+        .get_or_init(LlamaBackend::init)
         .as_ref()
-        .map_err(|e| EngineError::Context(e.clone()))
+        .map_err(|e| EngineError::Context(e.to_string()))
 }
 
 /// One sequence's KV, in the format a one-sequence context restores.

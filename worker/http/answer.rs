@@ -8,28 +8,7 @@ use sqlx::PgPool;
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::queue::TurnId;
-
-/// A turn with its latest log row, as `turn_owned.sql` returns it; the log columns are
-/// null while the turn has no log row.
-#[derive(Debug, sqlx::FromRow)]
-pub(super) struct OwnedTurnRow {
-    pub(super) session_id: String,
-    pub(super) state: String,
-    pub(super) reply: Option<String>,
-    error: Option<String>,
-    attempts: i32,
-    pub(super) created: i64,
-    u_tokens: Option<i32>,
-    r_tokens: Option<i32>,
-    cold: Option<bool>,
-    digest_injected: Option<bool>,
-    tokens_in_kv: Option<i32>,
-    digest_version: Option<String>,
-    prompt_tokens: Option<i32>,
-    prefill_tokens: Option<i32>,
-    finish_reason: Option<String>,
-}
+use crate::queue::{self, OwnedTurn, TurnId};
 
 /// A turn that is no longer there: erased (its user, character or session) while the
 /// request waited. Final: a retry would queue the request again, and with it bring back
@@ -43,20 +22,9 @@ pub(super) fn erased(id: TurnId) -> ApiError {
     .final_answer()
 }
 
-impl OwnedTurnRow {
-    /// The turn, if it belongs to `user` (another user's turn reads as no turn).
-    pub(super) async fn fetch(
-        pool: &PgPool,
-        id: TurnId,
-        user: &str,
-    ) -> Result<Option<OwnedTurnRow>, sqlx::Error> {
-        sqlx::query_as(include_str!("../../sql/http/turn_owned.sql"))
-            .bind(id.0)
-            .bind(user)
-            .fetch_optional(pool)
-            .await
-    }
-
+// The parts of the answer made from the turn's row (`queue::owned_turn`) are made here,
+// where the API's error and shape live; the row itself is the queue's.
+impl OwnedTurn {
     /// The error a turn that ended without a reply answers with.
     pub(super) fn error(&self, id: TurnId) -> Option<ApiError> {
         let error = self.error.clone().unwrap_or_default();
@@ -112,12 +80,8 @@ impl OwnedTurnRow {
 /// Records that the turn's answer (its reply, or the error it ended with) is being handed
 /// to a client: an identical request after this, without a retry header, is a new turn.
 /// Called before the answer goes out, so that the client's next request finds it.
-pub(super) async fn delivered(pool: &PgPool, id: TurnId) -> Result<(), sqlx::Error> {
-    sqlx::query(include_str!("../../sql/http/delivered.sql"))
-        .bind(id.0)
-        .execute(pool)
-        .await?;
-    Ok(())
+pub(super) async fn delivered(pool: &PgPool, id: TurnId) -> Result<(), queue::QueueError> {
+    queue::mark_delivered(pool, id).await
 }
 
 /// `system_fingerprint`: the model file, as `/v1/info` names it.

@@ -29,6 +29,17 @@ impl From<CharacterError> for ApiError {
     }
 }
 
+/// A character query's error on the chat path (`may_talk`, the model list, the persona):
+/// a database error answers there as every other database error of that path does
+/// (`ApiError`'s `From<sqlx::Error>`, which tells a request's bad bytes from a failure),
+/// not as a `/v1/characters` route's.
+pub(super) fn lookup_error(e: CharacterError) -> ApiError {
+    match e {
+        CharacterError::Db(e) => ApiError::from(e),
+        other => ApiError::from(other),
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct NewCharacter {
@@ -117,13 +128,7 @@ pub(super) async fn remove(
     Path(id): Path<i64>,
 ) -> Result<Response, ApiError> {
     let user = caller.user(None)?;
-    let store = state.snapshots.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "no snapshot store on this server",
-        )
-    })?;
+    let store = &state.snapshots;
     let done = characters::remove(&state.pool, store, id, Some(&user)).await?;
     Ok(Json(done).into_response())
 }

@@ -17,7 +17,7 @@ use tokio::sync::broadcast;
 use crate::config::SystemMessage;
 use crate::queue::{self, Conversation, NewTurn, Repeat, TurnId};
 
-use super::answer::{delivered, erased, fingerprint, OwnedTurnRow};
+use super::answer::{delivered, erased, fingerprint};
 use super::conversation as conv;
 use super::error::ApiError;
 use super::identity::Caller;
@@ -261,11 +261,7 @@ fn is_retry(headers: &HeaderMap) -> bool {
 }
 
 async fn turn_state(pool: &PgPool, id: TurnId) -> Result<String, ApiError> {
-    sqlx::query_scalar(include_str!("../../sql/http/turn_state.sql"))
-        .bind(id.0)
-        .fetch_optional(pool)
-        .await?
-        .ok_or_else(|| erased(id))
+    queue::turn_state(pool, id).await?.ok_or_else(|| erased(id))
 }
 
 async fn wait_done(
@@ -318,7 +314,7 @@ async fn respond(
     user: &str,
     model: Option<String>,
 ) -> Result<Response, ApiError> {
-    let row = OwnedTurnRow::fetch(&state.pool, id, user)
+    let row = queue::owned_turn(&state.pool, id, user)
         .await?
         .ok_or_else(|| erased(id))?;
     delivered(&state.pool, id).await?;

@@ -7,8 +7,10 @@
 use axum::http::StatusCode;
 use sha2::{Digest, Sha256};
 
+use super::characters::lookup_error;
 use super::error::ApiError;
 use super::state::AppState;
+use crate::characters;
 use crate::queue::{self, Conversation, Found, Placed, Repeat};
 
 /// The session a conversation header names for this user and character. A hash of the
@@ -53,11 +55,9 @@ pub(super) async fn enqueue_matched(
     c: &Conversation<'_>,
     repeat: Repeat<'_>,
 ) -> Result<Placed, ApiError> {
-    let owned: bool = sqlx::query_scalar(include_str!("../../sql/http/character_owned.sql"))
-        .bind(c.character_id)
-        .bind(c.user_id)
-        .fetch_one(&state.pool)
-        .await?;
+    let owned = characters::may_talk(&state.pool, c.character_id, c.user_id)
+        .await
+        .map_err(lookup_error)?;
     if !owned {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,

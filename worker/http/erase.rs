@@ -66,13 +66,7 @@ pub(super) async fn erase_route(
         }
         (None, None) => Subject::User(user),
     };
-    let store = state.snapshots.as_ref().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "no snapshot store on this server",
-        )
-    })?;
+    let store = &state.snapshots;
     match erase::erase(&state.pool, store, &subject).await {
         Ok(done) => Ok(Json(done).into_response()),
         Err(EraseError::Invalid(m)) => Err(ApiError::bad_request(m)),

@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::snapshot;
+use crate::{queue, snapshot};
 
 use super::error::ApiError;
 use super::identity::Caller;
@@ -31,11 +31,7 @@ pub(super) async fn rotate_hint(
         .filter(|s| !s.trim().is_empty())
         .ok_or_else(|| ApiError::bad_request("missing query parameter sid"))?;
     let user = caller.user(None)?;
-    let owner: Option<(String, i64)> =
-        sqlx::query_as(include_str!("../../sql/http/session_owner.sql"))
-            .bind(&sid)
-            .fetch_optional(&state.pool)
-            .await?;
+    let owner = queue::session_owner(&state.pool, &sid).await?;
     let character = match owner {
         Some((owner, character)) if owner == user => character,
         _ => {
@@ -49,23 +45,11 @@ pub(super) async fn rotate_hint(
     let s = &state.settings;
     let header = snapshot_header(&state, &snapshot::scope_key(&user, character, &sid)).await?;
     let tokens = header.as_ref().map_or(0, |h| h.tokens);
-    let last_user: Option<i32> =
-        sqlx::query_scalar(include_str!("../../sql/http/last_user_tokens.sql"))
-            .bind(&sid)
-            .fetch_optional(&state.pool)
-            .await?;
+    let last_user = queue::last_user_tokens(&state.pool, &sid).await?;
     // A next turn adds its user message and reply; the HUD is removed again.
     let next_turn = last_user.unwrap_or(32).max(0) as u32 + s.turn.reply_max_tokens;
-    let digest: Option<(String, chrono::DateTime<chrono::Utc>)> =
-        sqlx::query_as(include_str!("../../sql/http/digest_state.sql"))
-            .bind(&sid)
-            .fetch_optional(&state.pool)
-            .await?;
-    let last_injected: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar(include_str!("../../sql/http/last_injected.sql"))
-            .bind(&sid)
-            .fetch_one(&state.pool)
-            .await?;
+    let digest = crate::context::digest::last_change(&state.pool, &sid).await?;
+    let last_injected = queue::last_digest_injected(&state.pool, &sid).await?;
     Ok(Json(json!({
         "sid": sid,
         "snapshot": header.is_some(),
@@ -85,27 +69,12 @@ pub(super) async fn rotate_hint(
 }
 
 /// The scope's snapshot header from the server's own store, so that with an object store
-/// the bucket answers; a state built without a store (a test's) asks the store the
-/// settings name.
+/// the bucket answers.
 async fn snapshot_header(
     state: &AppState,
     scope: &str,
 ) -> Result<Option<snapshot::Header>, ApiError> {
-    let configured;
-    let store = match &state.snapshots {
-        Some(store) => store,
-        None => {
-            configured =
-                crate::system::snapshot_store(&state.settings, &state.metrics).map_err(|e| {
-                    ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        e.to_string(),
-                    )
-                })?;
-            &configured
-        }
-    };
+    let store = &state.snapshots;
     store.header(scope).await.map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -9,34 +9,26 @@ use axum::Json;
 use serde_json::json;
 use sqlx::PgPool;
 
+use super::characters::lookup_error;
 use super::error::ApiError;
 use super::identity::Caller;
 use super::state::AppState;
-
-/// A character the user may talk to: public, or their own.
-#[derive(Debug, sqlx::FromRow)]
-struct Character {
-    id: i64,
-    name: String,
-    created: i64,
-    public: bool,
-}
+use crate::characters::{self, Talkable};
 
 /// A character with the model id it is listed under.
 struct Listed {
     model: String,
-    character: Character,
+    character: Talkable,
 }
 
 /// The characters `user` may talk to (the public ones alone without a user), each under its
 /// name, or `name#id` where its name alone would not pick it (another listed character
 /// has it, public or the user's own, or it reads as a number).
-async fn listed(pool: &PgPool, user: Option<&str>) -> Result<Vec<Listed>, sqlx::Error> {
-    let all: Vec<Character> = sqlx::query_as(include_str!("../../sql/http/models.sql"))
-        .bind(user)
-        .fetch_all(pool)
-        .await?;
-    let shared = |c: &Character| {
+async fn listed(pool: &PgPool, user: Option<&str>) -> Result<Vec<Listed>, ApiError> {
+    let all = characters::talkable(pool, user)
+        .await
+        .map_err(lookup_error)?;
+    let shared = |c: &Talkable| {
         c.name.parse::<i64>().is_ok() || all.iter().filter(|o| o.name == c.name).count() > 1
     };
     let models: Vec<String> = all
@@ -122,11 +114,7 @@ pub(super) async fn set_persona(
     user: &str,
     persona: &str,
 ) -> Result<(), ApiError> {
-    sqlx::query(include_str!("../../sql/http/set_persona.sql"))
-        .bind(character)
-        .bind(user)
-        .bind(persona)
-        .execute(pool)
-        .await?;
-    Ok(())
+    characters::set_persona(pool, character, user, persona)
+        .await
+        .map_err(lookup_error)
 }

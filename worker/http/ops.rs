@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use crate::snapshot;
+use crate::{queue, snapshot};
 
 use super::error::ApiError;
 use super::state::AppState;
@@ -13,9 +13,7 @@ use super::state::AppState;
 /// `GET /v1/info`: the system fingerprint and effective configuration (no secrets).
 pub(super) async fn info(State(state): State<AppState>) -> Result<Response, ApiError> {
     let s = &state.settings;
-    let bpt: Option<i32> = sqlx::query_scalar(include_str!("../../sql/http/recent_bpt.sql"))
-        .fetch_optional(&state.pool)
-        .await?;
+    let bpt = queue::recent_bpt(&state.pool).await?;
     let nested = serde_json::to_value(s.as_ref()).unwrap_or(Value::Null);
     let mut config = crate::config::keys::flat_json(&nested);
     // The URL may carry a password.

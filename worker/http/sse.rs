@@ -19,10 +19,10 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::answer::{delivered, fingerprint, OwnedTurnRow};
+use super::answer::{delivered, fingerprint};
 use super::error::ApiError;
 use super::state::AppState;
-use crate::queue::TurnId;
+use crate::queue::{self, OwnedTurn, TurnId};
 use crate::stream::{self, Delta, Follow, Heard, Note, SoFar};
 
 /// What the request asked for.
@@ -39,7 +39,7 @@ enum Out {
     Start(Value),
     Content(String),
     /// The reply is stored and equals what was sent.
-    Finish(Box<OwnedTurnRow>),
+    Finish(Box<OwnedTurn>),
     /// After the first chunk: the stream ends with this error.
     Error(ApiError),
 }
@@ -261,7 +261,7 @@ impl Relay {
     /// The turn ended: finish with what is stored, or fail.
     async fn end(&mut self, state: &str, outs: &mut Vec<Out>) -> Result<(), Out> {
         let id = self.reply.id;
-        let row = match OwnedTurnRow::fetch(&self.state.pool, id, &self.reply.user).await {
+        let row = match queue::owned_turn(&self.state.pool, id, &self.reply.user).await {
             Ok(Some(row)) => row,
             Ok(None) => return Err(Out::Error(super::answer::erased(id))),
             Err(e) => return Err(Out::Error(e.into())),

@@ -21,9 +21,10 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Long-term memory for `/v1/memory/*` (503 there without it).
     pub memory: Option<Arc<crate::memory::MemoryService>>,
-    /// The snapshot store `/v1/erase` empties (503 there without it): the in-process
-    /// worker's own, so its cache index sees the removals.
-    pub snapshots: Option<crate::snapshot::SnapshotStore>,
+    /// The system's snapshot store (`system::App`'s, which the in-process worker shares,
+    /// so its cache index sees erase's removals): what `/v1/erase` empties and the rotate
+    /// hint reads.
+    pub snapshots: crate::snapshot::SnapshotStore,
     /// Where each model this process loaded runs (`chat`, `embedder`), for `/v1/info`.
     pub placements: Vec<(&'static str, crate::engine::Placement)>,
     pub(super) done: broadcast::Sender<i64>,
@@ -34,7 +35,14 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(pool: PgPool, settings: Arc<Settings>, model_sha: String) -> AppState {
+    /// Only the builder makes one (`system::App::http`), so every server runs on the
+    /// system's shared parts.
+    pub(crate) fn new(
+        pool: PgPool,
+        settings: Arc<Settings>,
+        model_sha: String,
+        snapshots: crate::snapshot::SnapshotStore,
+    ) -> AppState {
         let (done, _) = broadcast::channel(4096);
         AppState {
             hub: crate::stream::Hub::new(pool.clone()),
@@ -43,7 +51,7 @@ impl AppState {
             model_sha,
             metrics: crate::metrics::global(),
             memory: None,
-            snapshots: None,
+            snapshots,
             placements: Vec::new(),
             done,
             faults: Arc::new(crate::faults::HttpFaults::from_env()),
@@ -66,9 +74,10 @@ impl AppState {
         self
     }
 
-    /// Serves `/v1/erase` over this snapshot store.
+    /// Serves `/v1/erase` and the rotate hint over this snapshot store instead: a worker's
+    /// built apart from this state (a test's).
     pub fn with_snapshots(mut self, store: crate::snapshot::SnapshotStore) -> AppState {
-        self.snapshots = Some(store);
+        self.snapshots = store;
         self
     }
 

@@ -13,6 +13,6 @@ mod storage;
 
 pub use chore::Housekeeping;
 pub use erased::ERASED_SCOPES_KEPT;
-pub use rows::{Retained, Retention};
+pub use rows::{storage_totals, Retained, Retention};
 pub use run::spawn;
 pub use storage::{sweep_storage, StorageSwept};

@@ -18,7 +18,8 @@
 //! [`MemoryConfig`]),
 //! `error` ([`MemoryError`]), `ranker` ([`RankerKind`]), `extractor` (the [`Extractor`]
 //! seam), `events` (failures recorded rather than returned) and `job` (what a lane job
-//! carries). This file only declares the rooms and names the layer's public types.
+//! carries); `queued` holds the jobs `cmd::memory` queues through the SQL API. This file
+//! only declares the rooms and names the layer's public types.
 
 pub mod columns;
 pub mod embed;
@@ -28,6 +29,7 @@ mod extractor;
 pub mod ingest;
 mod job;
 pub mod notes;
+mod queued;
 mod ranker;
 pub mod render;
 pub mod search;
@@ -39,5 +41,6 @@ pub use error::{MemoryError, Result};
 pub use events::event;
 pub use extractor::{ExtractError, ExtractedFact, Extractor};
 pub use job::job_text;
+pub use queued::{extraction_waiting, queue_forget, queue_remember};
 pub use ranker::RankerKind;
 pub use service::{MemoryConfig, MemoryService};

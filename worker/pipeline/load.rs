@@ -1,6 +1,6 @@
-//! Step 1's database and file half: find the session's snapshot and decide whether it may
-//! be trusted (verified, made by this engine, and written by the attempt that committed
-//! the session's last turn). Every refusal is a cold start with its reason, and a cold
+//! Step 2, loading the KV: find the session's snapshot and decide whether it may be
+//! trusted (verified, made by this engine, and written by the attempt that committed the
+//! session's last turn, which came with the claim). Every refusal is a cold start with its reason, and a cold
 //! start rebuilds the committed dialogue exactly when this engine can, else from its text.
 
 use tracing::{error, info, warn};
@@ -13,15 +13,11 @@ use crate::engine::{Engine, LLAMA_BUILD};
 use crate::snapshot::{self, Header, Loaded, SegKind, Snapshot};
 use crate::turn::{short_sha, KvRecord, TurnError};
 
-/// The session's last committed turn and the fencing token its completion recorded.
-pub(super) type LastDone = Option<(i64, Option<i64>)>;
-
 /// Where the turn's KV comes from, and why it starts cold when it does. `base_prompt` is
 /// the turn's: a recorded dialogue is rebuilt exactly only if it starts with it.
 pub(super) async fn start(
     cx: &TurnCtx<'_>,
     base_prompt: &str,
-    last_done: LastDone,
     file: Option<Loaded>,
 ) -> Result<(Start, Option<String>), TurnError> {
     let Some(file) = file else {
@@ -30,11 +26,11 @@ pub(super) async fn start(
         let reason = "KV_ONLY_ENABLED=false".to_string();
         return Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)));
     };
-    match check_snapshot(cx, last_done, file).await {
+    match check_snapshot(cx, file).await {
         (Some(snap), _) => Ok((Start::Snapshot(snap), None)),
         (None, reason) => {
             let reason = reason.unwrap_or_else(|| "no snapshot".to_string());
-            cold_start(cx, base_prompt, last_done, reason).await
+            cold_start(cx, base_prompt, reason).await
         }
     }
 }
@@ -44,17 +40,16 @@ pub(super) async fn start(
 pub(super) async fn cold_start(
     cx: &TurnCtx<'_>,
     base_prompt: &str,
-    last_done: LastDone,
     reason: String,
 ) -> Result<(Start, Option<String>), TurnError> {
-    let Some((last, _)) = last_done else {
+    let Some((last, _)) = cx.turn.last_done else {
         // A first turn: there is no dialogue to rebuild.
         return Ok((Start::Cold(ColdSource::Text(Vec::new())), Some(reason)));
     };
     let why_text = match history::recorded(cx.db, &cx.turn.session_id).await? {
         Some(Ok(recorded)) => match exact_fit(cx, base_prompt, last, recorded) {
             Ok(record) => return Ok((Start::Cold(ColdSource::Exact(record)), Some(reason))),
-            Err(why) => why,
+            Err(why) => why.to_string(),
         },
         Some(Err(why)) => why.to_string(),
         None => "no recorded KV dialogue".to_string(),
@@ -65,38 +60,52 @@ pub(super) async fn cold_start(
     Ok((Start::Cold(ColdSource::Text(exchanges)), Some(reason)))
 }
 
+/// Why a session's recorded dialogue cannot be decoded back exactly: the cold start then
+/// rebuilds from the dialogue's text, and says why in its reason.
+#[derive(Debug, thiserror::Error)]
+enum NotExact {
+    #[error("the recorded dialogue is of turn {recorded}, the last committed turn is {last}")]
+    OtherTurn { recorded: i64, last: i64 },
+    #[error("the recorded dialogue belongs to another scope")]
+    OtherScope,
+    #[error("model changed: recorded with {recorded}, this engine runs {here}")]
+    ModelChanged { recorded: String, here: String },
+    #[error("the recorded dialogue ({tokens} tokens) exceeds N_CTX {n_ctx}")]
+    TooLong { tokens: usize, n_ctx: u32 },
+    #[error("base prompt changed")]
+    BaseChanged,
+}
+
 /// The recorded dialogue, if this engine reproduces it token for token; else why not.
 fn exact_fit(
     cx: &TurnCtx<'_>,
     base_prompt: &str,
     last: i64,
     recorded: Recorded,
-) -> Result<KvRecord, String> {
+) -> Result<KvRecord, NotExact> {
     let (engine, turn) = (cx.engine, cx.turn);
     let record = recorded.record;
     if recorded.turn_id != last {
         // Turns committed without a record (the echo generator) leave an older one.
-        return Err(format!(
-            "the recorded dialogue is of turn {}, the last committed turn is {last}",
-            recorded.turn_id
-        ));
+        return Err(NotExact::OtherTurn {
+            recorded: recorded.turn_id,
+            last,
+        });
     }
     if recorded.user_id != turn.user_id || recorded.character_id != turn.character_id {
-        return Err("the recorded dialogue belongs to another scope".to_string());
+        return Err(NotExact::OtherScope);
     }
     if record.model_sha != engine.model_sha {
-        return Err(format!(
-            "model changed: recorded with {}, this engine runs {}",
-            short_sha(&record.model_sha),
-            short_sha(&engine.model_sha)
-        ));
+        return Err(NotExact::ModelChanged {
+            recorded: short_sha(&record.model_sha).to_string(),
+            here: short_sha(&engine.model_sha).to_string(),
+        });
     }
     if record.token_ids.len() as u32 > cx.settings.engine.n_ctx {
-        return Err(format!(
-            "the recorded dialogue ({} tokens) exceeds N_CTX {}",
-            record.token_ids.len(),
-            cx.settings.engine.n_ctx
-        ));
+        return Err(NotExact::TooLong {
+            tokens: record.token_ids.len(),
+            n_ctx: cx.settings.engine.n_ctx,
+        });
     }
     let base: Vec<i32> = engine
         .base_tokens(base_prompt)
@@ -109,28 +118,31 @@ fn exact_fit(
         .is_some_and(|s| s.kind == SegKind::Base && s.len as usize == base.len())
         && record.token_ids.starts_with(&base);
     if !base_kept {
-        return Err("base prompt changed".to_string());
+        return Err(NotExact::BaseChanged);
     }
     Ok(record)
 }
 
-/// Reads the session's local snapshot file, or `None` on the rollback path, which never
-/// reads one. The read needs nothing from the turn's other inputs, so it runs while they
-/// are gathered; whether the file is current (else the object store's copy is read) and
-/// may be trusted is decided after.
-pub(super) async fn read_snapshot(cx: &TurnCtx<'_>) -> Option<snapshot::store::Read> {
+/// The session's snapshot as the store resolves it: the local copy, or the object store's
+/// when the cached one is not the last committed turn's; with where it came from. `None` on
+/// the rollback path, which never reads one. It needs nothing from the turn's other inputs,
+/// so it runs while they are gathered; whether it may be trusted is decided after.
+pub(super) async fn load(cx: &TurnCtx<'_>) -> Option<(Loaded, snapshot::Source)> {
     if !cx.settings.turn.kv_only_enabled {
         return None;
     }
-    Some(cx.store.read(cx.scope).await)
+    let read = cx.store.read(cx.scope).await;
+    let last_done = cx.turn.last_done;
+    let current = |h: &Header| Some((h.turn_id, Some(h.fence))) == last_done;
+    Some(cx.store.resolve(cx.scope, read, current).await)
 }
 
 /// Checks the session's snapshot file. Any problem means a cold start, with the reason.
 async fn check_snapshot(
     cx: &TurnCtx<'_>,
-    last_done: LastDone,
     loaded: Loaded,
 ) -> (Option<Box<Snapshot>>, Option<String>) {
+    let last_done = cx.turn.last_done;
     let snap = match loaded {
         Loaded::Missing => return (None, Some("no snapshot".into())),
         Loaded::Unreadable(e) => {

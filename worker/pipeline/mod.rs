@@ -1,10 +1,12 @@
-//! Seed 000's turn pipeline on llama.cpp. [`TurnPipeline::run_turn`] reads as the seed's
-//! steps: gather the inputs (HUD, digest, and from the memory layers the context block,
-//! recall candidates and in-chat commands: [`recall`], [`commands`]), (1) load the KV
-//! (`load.rs`), (2–4) prune, build the context and generate on an engine thread ([`kv`]),
-//! (5) save the snapshot (`save.rs`). Step 6 is the runner's: the fenced completion, then
-//! [`TurnPipeline::after_turn`] rebuilds the digest. Steps 1 and 5 are plain functions
-//! over the turn's `TurnCtx`, not methods: this file alone holds `impl TurnPipeline`.
+//! Seed 000's turn pipeline on llama.cpp. [`TurnPipeline::run_turn`] reads as steps 2–6
+//! of shared/DESIGN.md's eight: (2) load the KV (`load.rs`) while the inputs are gathered
+//! (HUD, digest, and from the memory layers the context block, recall candidates and
+//! in-chat commands: [`recall`], [`commands`]), (3–5) prune, build the context and generate
+//! on an engine thread ([`kv`]), (6) save the snapshot (`save.rs`). The runner claims (1),
+//! completes under the fence (7), then [`TurnPipeline::after_turn`] rebuilds the digest (8).
+//! Steps 2 and 6 are plain functions over the turn's `TurnCtx`, not methods: this file
+//! alone holds `impl TurnPipeline`. Nothing here asks the queue: what the turn needs of it
+//! (the last committed turn, the lease) came with the claim.
 
 mod batch;
 pub mod commands;
@@ -18,7 +20,6 @@ pub mod reply_stream;
 mod save;
 mod turn_ctx;
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -38,7 +39,7 @@ use crate::services::Services;
 use crate::snapshot::{self, SnapshotStore};
 use crate::stream::Publisher;
 use crate::turn::log::{KvLog, TurnPath};
-use crate::turn::{ClaimedTurn, KvRecord, MemoryOp, TurnError, TurnOptions, TurnOutput};
+use crate::turn::{ClaimedTurn, KvRecord, Lease, MemoryOp, TurnError, TurnOptions, TurnOutput};
 use event::event;
 use kv::{KvOutcome, Start, TurnJob, TurnRun};
 use turn_ctx::TurnCtx;
@@ -131,55 +132,41 @@ impl TurnPipeline {
         }
     }
 
-    /// Steps 1–5 for a claimed turn; the runner does step 6 (fenced completion).
+    /// Steps 2–6 of shared/DESIGN.md's eight for a claimed turn, while `lease` is held:
+    /// the runner claimed it (1), and completes it (7) and rebuilds the digest (8) after.
     pub async fn run_turn(
         &self,
         turn: &ClaimedTurn,
-        abort: Arc<AtomicBool>,
+        lease: &Lease,
     ) -> Result<TurnOutput, TurnError> {
         let s = &self.settings;
         let turn_started = Instant::now();
         let mut log = KvLog::start(self.path(), &turn.session_id, s.engine.n_ctx);
         let scope = snapshot::scope_key(&turn.user_id, turn.character_id, &turn.session_id);
-        let cx = self.ctx(turn, &scope);
-        // The inputs, the last committed turn and the snapshot file are independent reads:
-        // together they take as long as the slowest, which is the time to first token.
-        let (inputs, last_done, file) = tokio::join!(
-            self.inputs(turn),
-            crate::queue::last_done(&self.db, &turn.session_id),
-            load::read_snapshot(&cx),
-        );
+        let cx = self.ctx(turn, &scope, lease);
+        // 2. Load KV: a trusted snapshot, or how a cold start rebuilds the dialogue. The
+        // turn's inputs are read meanwhile: together they take as long as the slower, which
+        // is the time to first token.
+        let (inputs, loaded) = tokio::join!(self.inputs(turn), load::load(&cx));
         let inputs = inputs?;
-        let last_done = last_done
-            .map_err(|e| TurnError::retryable_from("reading the last committed turn", e))?;
-
-        // 1. Load KV: a trusted snapshot, or how a cold start rebuilds the dialogue.
-        let (file, source) = match file {
-            Some(read) => {
-                let current = |h: &snapshot::Header| Some((h.turn_id, Some(h.fence))) == last_done;
-                let (loaded, source) = self.store.resolve(&scope, read, current).await;
-                (Some(loaded), Some(source))
-            }
-            None => (None, None),
-        };
-        let (start, mut cold_reason) =
-            load::start(&cx, &inputs.base_prompt, last_done, file).await?;
+        let (file, source) = loaded.unzip();
+        let (start, mut cold_reason) = load::start(&cx, &inputs.base_prompt, file).await?;
         if matches!(start, Start::Snapshot(_)) {
             log.kv_source = source.map(snapshot::Source::as_str);
         }
 
-        // 2–4. Prune, build the context (HUD, digest when due, message), generate.
-        let job = self.job(turn, &inputs)?;
+        // 3–5. Prune to the tail, build the context (HUD, digest when due, recall, the
+        // message) and generate, on an engine thread: `kv::run_in_context` in that order.
+        let job = self.build(turn, &inputs)?;
         // What the turn spent before its engine thread (inputs, recall, snapshot read)
         // counts towards its time to first token.
         let before_engine_ms = turn_started.elapsed().as_millis() as u64;
         let stream = job.stream.clone();
-        let mut outcome = self.generate(job.clone(), start, &abort, &log).await?;
+        let mut outcome = self.generate(job.clone(), start, lease, &log).await?;
         if let KvOutcome::Refused(why) = outcome {
-            let (start, reason) =
-                load::cold_start(&cx, &inputs.base_prompt, last_done, why).await?;
+            let (start, reason) = load::cold_start(&cx, &inputs.base_prompt, why).await?;
             cold_reason = reason;
-            outcome = self.generate(job, start, &abort, &log).await?;
+            outcome = self.generate(job, start, lease, &log).await?;
         }
         let run = match outcome {
             KvOutcome::Ran(run) => run,
@@ -191,8 +178,8 @@ impl TurnPipeline {
             .await;
         log.ttft_ms += before_engine_ms;
 
-        // 5. Save the pruned KV, while the lease is still ours.
-        save::save_state(&cx, &mut log, &run, &abort).await?;
+        // 6. Save the pruned KV, while the lease is still ours.
+        save::save_state(&cx, &mut log, &run).await?;
         let run = *run;
         if let Some(stream) = &stream {
             // The commit's end message must not overtake the reply's last delta.
@@ -213,12 +200,14 @@ impl TurnPipeline {
         })
     }
 
-    /// What the engine thread runs for `turn`: its inputs, within the settings' budgets
-    /// and its own sampling, with a stream target when replies are streamed. Options the
-    /// SQL API admitted always read back; a row that does not is no attempt's to fix.
-    fn job(&self, turn: &ClaimedTurn, inputs: &Inputs) -> Result<TurnJob, TurnError> {
+    /// Step 4's plan, which the engine thread carries out: what it runs for `turn`, its
+    /// inputs within the settings' budgets and its own sampling, with a stream target when
+    /// replies are streamed. Options the SQL API admitted always read back; a row that does
+    /// not is no attempt's to fix.
+    fn build(&self, turn: &ClaimedTurn, inputs: &Inputs) -> Result<TurnJob, TurnError> {
         let s = &self.settings;
-        let options = TurnOptions::from_row(turn.options.as_ref()).map_err(TurnError::fatal)?;
+        let options = TurnOptions::from_row(turn.options.as_ref())
+            .map_err(|e| TurnError::fatal(e.to_string()))?;
         Ok(TurnJob {
             turn_id: turn.id.0,
             base_prompt: inputs.base_prompt.clone(),
@@ -241,9 +230,9 @@ impl TurnPipeline {
         })
     }
 
-    /// Steps 1 and 5 (`load.rs`, `save.rs`) get only the parts of the pipeline they use,
+    /// Steps 2 and 6 (`load.rs`, `save.rs`) get only the parts of the pipeline they use,
     /// so that they are plain functions that do not depend on `TurnPipeline`.
-    fn ctx<'a>(&'a self, turn: &'a ClaimedTurn, scope: &'a str) -> TurnCtx<'a> {
+    fn ctx<'a>(&'a self, turn: &'a ClaimedTurn, scope: &'a str, lease: &'a Lease) -> TurnCtx<'a> {
         TurnCtx {
             db: &self.db,
             store: &self.store,
@@ -251,6 +240,7 @@ impl TurnPipeline {
             settings: &self.settings,
             turn,
             scope,
+            lease,
         }
     }
 
@@ -332,15 +322,15 @@ impl TurnPipeline {
             .as_ref()
     }
 
-    /// Steps 2–4 on an engine thread; a failure carries the log so far.
+    /// Steps 3–5 on an engine thread; a failure carries the log so far.
     async fn generate(
         &self,
         job: TurnJob,
         start: Start,
-        abort: &Arc<AtomicBool>,
+        lease: &Lease,
         log: &KvLog,
     ) -> Result<KvOutcome, TurnError> {
-        let abort = abort.clone();
+        let abort = lease.abort_flag().clone();
         let ran = if self.engines.batch_sessions() > 1 {
             let wait = std::time::Duration::from_millis(self.settings.engine.batch_wait_ms);
             self.batcher
@@ -422,7 +412,7 @@ impl TurnPipeline {
         }
     }
 
-    /// Seed step 6, after the turn committed: rebuild the digest from the database.
+    /// Step 8, after the turn committed: rebuild the digest from the database.
     pub async fn after_turn(&self, turn: &ClaimedTurn) {
         let tok: &dyn TokenCount = self.engine().as_ref();
         if let Err(e) = digest::rebuild(

@@ -1,7 +1,6 @@
-//! Step 5: write the new snapshot, but only while this worker still holds the session's
+//! Step 6: write the new snapshot, but only while this worker still holds the session's
 //! lease, and stamped with the attempt's fencing token; the turn's log gets its size and time.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tracing::{error, warn};
@@ -19,7 +18,6 @@ pub(super) async fn save_state(
     cx: &TurnCtx<'_>,
     log: &mut KvLog,
     run: &TurnRun,
-    abort: &AtomicBool,
 ) -> Result<(), TurnError> {
     let Some(state) = &run.state else {
         return Ok(());
@@ -27,7 +25,7 @@ pub(super) async fn save_state(
     let saved_at = Instant::now();
     log.kv_bytes = state.len() as u64;
     log.bpt = (state.len() / run.token_ids.len().max(1)) as u32;
-    if !save(cx, run, abort).await {
+    if !save(cx, run).await {
         return Err(TurnError::Aborted);
     }
     log.save_ms = saved_at.elapsed().as_millis() as u64;
@@ -37,18 +35,15 @@ pub(super) async fn save_state(
 /// Writes the snapshot while this worker still holds the lease. A failed save is
 /// logged, never fatal: the next turn starts cold. Returns false when the lease is gone
 /// (the turn must stop: another worker owns the session).
-async fn save(cx: &TurnCtx<'_>, run: &TurnRun, abort: &AtomicBool) -> bool {
+async fn save(cx: &TurnCtx<'_>, run: &TurnRun) -> bool {
     let Some(state) = run.state.clone() else {
         return true;
     };
     crate::faults::stop_point("before_save");
-    let held = !abort.load(Ordering::Relaxed)
-        && crate::queue::lease_held(cx.db, cx.turn)
-            .await
-            .unwrap_or_else(|e| {
-                warn!(error = %e, "could not check the lease before saving; not saving");
-                false
-            });
+    let held = cx.lease.held().await.unwrap_or_else(|e| {
+        warn!(error = %e, "could not check the lease before saving; not saving");
+        false
+    });
     if !held {
         warn!("lease lost before the snapshot save; the session's snapshot is left alone");
         return false;

@@ -1,4 +1,4 @@
-//! What steps 1 and 5 (`load.rs`, `save.rs`) need of the pipeline for one turn, handed to
+//! What steps 2 and 6 (`load.rs`, `save.rs`) need of the pipeline for one turn, handed to
 //! them explicitly, so that they are plain functions and do not depend on `TurnPipeline`.
 
 use sqlx::PgPool;
@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use crate::config::Settings;
 use crate::engine::Engine;
 use crate::snapshot::SnapshotStore;
-use crate::turn::ClaimedTurn;
+use crate::turn::{ClaimedTurn, Lease};
 
 /// One claimed turn and the parts of the pipeline its snapshot is read, checked and
 /// written with. Borrowed for the turn only; not to be confused with a llama.cpp context.
@@ -18,4 +18,6 @@ pub(super) struct TurnCtx<'a> {
     pub turn: &'a ClaimedTurn,
     /// The snapshot's scope key (`snapshot::scope_key`).
     pub scope: &'a str,
+    /// The turn's lease, which the save asks before it writes.
+    pub lease: &'a Lease,
 }

@@ -1,10 +1,12 @@
-//! Claiming turns under a per-session lease, keeping the lease alive, and the checks the
-//! pipeline makes against it (is the lease still ours, which turn committed last).
+//! Claiming turns under a per-session lease (each with its session's last committed turn),
+//! keeping the lease alive, and the check a running turn makes against it (is it still ours).
 
 use sqlx::PgPool;
 
-use super::types::Result;
-use crate::turn::{ClaimedTurn, TurnId};
+use futures_util::future::BoxFuture;
+
+use super::types::{QueueError, Result};
+use crate::turn::{ClaimedTurn, LeaseCheck, TurnId};
 
 /// A turn as `claim_lease.sql` returns it; the owner is not a column, so the row is
 /// turned into a [`ClaimedTurn`] here rather than decoded into one.
@@ -20,6 +22,8 @@ struct ClaimRow {
     attempts: i32,
     max_attempts: i32,
     fencing_token: i64,
+    last_done_id: Option<i64>,
+    last_done_token: Option<i64>,
 }
 
 impl ClaimRow {
@@ -36,6 +40,7 @@ impl ClaimRow {
             max_attempts: self.max_attempts,
             fencing_token: self.fencing_token,
             owner: owner.to_string(),
+            last_done: self.last_done_id.map(|id| (id, self.last_done_token)),
         }
     }
 }
@@ -136,11 +141,27 @@ pub async fn lease_held(pool: &PgPool, turn: &ClaimedTurn) -> Result<bool> {
     Ok(held)
 }
 
-/// The session's last committed turn and the fencing token of its committing attempt.
-pub async fn last_done(pool: &PgPool, session_id: &str) -> Result<Option<(i64, Option<i64>)>> {
-    let row = sqlx::query_as(include_str!("../../sql/turn/last_done.sql"))
-        .bind(session_id)
-        .fetch_optional(pool)
-        .await?;
-    Ok(row)
+/// The queue's answer to a running turn's [`LeaseCheck`]: [`lease_held`] for that turn.
+pub struct SessionLease {
+    pool: PgPool,
+    turn: ClaimedTurn,
+}
+
+impl SessionLease {
+    pub fn new(pool: PgPool, turn: ClaimedTurn) -> SessionLease {
+        SessionLease { pool, turn }
+    }
+}
+
+impl LeaseCheck for SessionLease {
+    fn held(&self) -> BoxFuture<'_, std::result::Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            lease_held(&self.pool, &self.turn)
+                .await
+                .map_err(|e| match e {
+                    QueueError::Db(e) => e,
+                    other => sqlx::Error::Protocol(other.to_string()),
+                })
+        })
+    }
 }

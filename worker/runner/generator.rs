@@ -17,7 +17,7 @@ use crate::pipeline::TurnPipeline;
 use crate::queue::QueueTiming;
 use crate::snapshot::SnapshotStore;
 use crate::turn::log::{FinishReason, KvLog, TurnPath};
-use crate::turn::{ClaimedTurn, TurnError, TurnOutput};
+use crate::turn::{ClaimedTurn, Lease, TurnError, TurnOutput};
 
 /// What a turn needs; cheap to clone.
 #[derive(Clone)]
@@ -49,15 +49,16 @@ impl Deps {
 /// What produces a turn's reply. The worker drives every generator the same way; what
 /// differs between them stays behind this trait.
 pub trait Generator: Send + Sync {
-    /// Runs one turn's work up to (not including) completion.
+    /// Steps 2–6 of a claimed turn (load, prune, build, generate, save): its work up to
+    /// (not including) the fenced completion, while `lease` is held.
     fn run_turn<'a>(
         &'a self,
         deps: &'a Deps,
         turn: &'a ClaimedTurn,
-        abort: Arc<AtomicBool>,
+        lease: &'a Lease,
     ) -> BoxFuture<'a, Result<TurnOutput, TurnError>>;
 
-    /// Seed step 6, after the turn committed: rebuild the session's digest.
+    /// Step 8, after the turn committed: rebuild the session's digest.
     fn after_turn<'a>(&'a self, turn: &'a ClaimedTurn) -> BoxFuture<'a, ()>;
 
     /// Background work the generator needs while the worker runs (digest rebuilds).
@@ -73,9 +74,9 @@ impl Generator for TurnPipeline {
         &'a self,
         _deps: &'a Deps,
         turn: &'a ClaimedTurn,
-        abort: Arc<AtomicBool>,
+        lease: &'a Lease,
     ) -> BoxFuture<'a, Result<TurnOutput, TurnError>> {
-        Box::pin(TurnPipeline::run_turn(self, turn, abort))
+        Box::pin(TurnPipeline::run_turn(self, turn, lease))
     }
 
     fn after_turn<'a>(&'a self, turn: &'a ClaimedTurn) -> BoxFuture<'a, ()> {
@@ -102,9 +103,9 @@ impl Generator for Echo {
         &'a self,
         deps: &'a Deps,
         turn: &'a ClaimedTurn,
-        abort: Arc<AtomicBool>,
+        lease: &'a Lease,
     ) -> BoxFuture<'a, Result<TurnOutput, TurnError>> {
-        Box::pin(async move { echo(deps, turn, self.delay, &abort).await })
+        Box::pin(async move { echo(deps, turn, self.delay, lease.abort_flag()).await })
     }
 
     fn after_turn<'a>(&'a self, _turn: &'a ClaimedTurn) -> BoxFuture<'a, ()> {

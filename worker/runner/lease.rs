@@ -1,5 +1,6 @@
-//! The lease heartbeat of a running turn, and the abort flag that stops its generation
-//! once the lease is lost or shutdown has waited long enough.
+//! The lease heartbeat of a running turn, and the lease handle the turn runs with: its
+//! abort flag stops the generation once the lease is lost or shutdown has waited long
+//! enough, and its check answers the save step's "is the lease still ours".
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,13 +11,13 @@ use tracing::warn;
 
 use super::generator::Deps;
 use crate::queue;
-use crate::turn::ClaimedTurn;
+use crate::turn::{ClaimedTurn, Lease};
 
 /// Heartbeats the lease while a turn runs. Sets `abort` when the lease is lost, or when
 /// shutdown has waited its grace period, so a generation in flight stops early.
 pub(super) struct LeaseKeeper {
     stop: CancellationToken,
-    pub(super) abort: Arc<AtomicBool>,
+    pub(super) lease: Lease,
 }
 
 impl LeaseKeeper {
@@ -27,6 +28,8 @@ impl LeaseKeeper {
     ) -> LeaseKeeper {
         let stop = CancellationToken::new();
         let abort = Arc::new(AtomicBool::new(false));
+        let check = Arc::new(queue::SessionLease::new(deps.pool.clone(), turn.clone()));
+        let lease = Lease::new(abort.clone(), check);
         let abort2 = abort.clone();
         let (pool, turn, settings, stop2) = (
             deps.pool.clone(),
@@ -74,7 +77,7 @@ impl LeaseKeeper {
                 }
             }
         });
-        LeaseKeeper { stop, abort }
+        LeaseKeeper { stop, lease }
     }
 
     pub(super) fn stop(self) {

@@ -36,6 +36,8 @@ pub async fn process_next_turn(
     deps: &Deps,
     shutdown: &CancellationToken,
 ) -> queue::Result<Outcome> {
+    // 1. Claim: the head turn of a session whose lease is free, leased to this worker with
+    // a new fencing token, and the session's last committed turn with it.
     let Some(turn) = queue::claim(
         &deps.pool,
         &deps.worker_id,
@@ -58,6 +60,9 @@ pub(super) struct Slot {
     pub(super) completer: Completer,
 }
 
+/// Steps 2–8 of a claimed turn (shared/DESIGN.md, "The turn pipeline"); step 1 is the
+/// caller's claim. The generator does 2–6 (its `run_turn` names each step), this function
+/// 7 and 8, and a failed attempt ends in [`finish_err`] instead.
 pub(super) async fn run_claimed(
     deps: &Deps,
     turn: ClaimedTurn,
@@ -68,10 +73,8 @@ pub(super) async fn run_claimed(
     let span = tracing::info_span!("turn", turn_id = %turn.id, sid = %turn.session_id, attempt = turn.attempt);
     async move {
         info!("started");
-        let result = deps
-            .generator
-            .run_turn(deps, &turn, keeper.abort.clone())
-            .await;
+        // 2–6. Load the KV, prune, build the context, generate, save the snapshot.
+        let result = deps.generator.run_turn(deps, &turn, &keeper.lease).await;
         keeper.stop();
         // The engine is free again: the next turn may start while this one commits. Its
         // lease stays until the commit, so the session's next turn cannot.
@@ -80,26 +83,36 @@ pub(super) async fn run_claimed(
             slot.freed.notify_one();
             slot.completer
         });
-        match result {
-            Ok(output) => finish_ok(deps, &turn, output, completer.as_ref()).await,
+        let output = match result {
+            Ok(output) => output,
             Err(TurnError::Aborted) if shutdown.is_cancelled() => {
                 queue::release(&deps.pool, &turn).await?;
                 info!("released on shutdown");
-                Ok(Outcome::Released(turn.id))
+                return Ok(Outcome::Released(turn.id));
             }
-            Err(err) => finish_err(deps, &turn, err).await,
+            Err(err) => return finish_err(deps, &turn, err).await,
+        };
+        // 7. Complete: reply, dialogue, log row and lease release in one fenced transaction.
+        if let Some(fenced) = complete(deps, &turn, output, completer.as_ref()).await? {
+            return Ok(fenced);
         }
+        // 8. Digest post-step: rebuild the session's digest for its next turn.
+        deps.generator.after_turn(&turn).await;
+        Ok(Outcome::Done(turn.id))
     }
     .instrument(span)
     .await
 }
 
-async fn finish_ok(
+/// Step 7: commits the turn's output under its fence (through the group-commit queue when
+/// the worker runs one), then logs and counts it. `Some(Fenced)` when the lease was lost:
+/// nothing was written.
+async fn complete(
     deps: &Deps,
     turn: &ClaimedTurn,
     mut output: TurnOutput,
     completer: Option<&Completer>,
-) -> queue::Result<Outcome> {
+) -> queue::Result<Option<Outcome>> {
     output.log.finish();
     let log = output.log.clone();
     let committed = match completer {
@@ -118,13 +131,12 @@ async fn finish_ok(
             log.emit();
             deps.metrics.turn(&log);
             info!(latency_ms = log.latency_ms, "completed");
-            deps.generator.after_turn(turn).await;
-            Ok(Outcome::Done(turn.id))
+            Ok(None)
         }
         Err(QueueError::Fenced(id)) => {
             warn!("completion rejected: lease lost");
             deps.after_fenced(turn).await;
-            Ok(Outcome::Fenced(id))
+            Ok(Some(Outcome::Fenced(id)))
         }
         Err(e) => Err(e),
     }

@@ -28,7 +28,7 @@ enum Cmd {
         turn_id: i64,
         id: u64,
         tx: mpsc::UnboundedSender<Heard>,
-        listening: oneshot::Sender<Result<(), String>>,
+        listening: oneshot::Sender<Result<(), FollowError>>,
     },
     Unfollow {
         turn_id: i64,
@@ -99,10 +99,7 @@ impl Hub {
             id,
             cmds,
         };
-        ready
-            .await
-            .map_err(|_| FollowError::Stopped)?
-            .map_err(FollowError::Listen)?;
+        ready.await.map_err(|_| FollowError::Stopped)??;
         Ok(follow)
     }
 }
@@ -112,9 +109,10 @@ impl Hub {
 pub enum FollowError {
     #[error("the stream listener has stopped")]
     Stopped,
-    /// The listener's connection failed to LISTEN.
-    #[error("{0}")]
-    Listen(String),
+    /// The listener's connection failed to LISTEN. Shared, because the same failure also
+    /// makes the hub's task reconnect.
+    #[error(transparent)]
+    Listen(Arc<sqlx::Error>),
 }
 
 type Followers = HashMap<i64, Vec<(u64, mpsc::UnboundedSender<Heard>)>>;
@@ -174,7 +172,7 @@ async fn command(
     listener: &mut PgListener,
     followers: &mut Followers,
     cmd: Cmd,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), Arc<sqlx::Error>> {
     match cmd {
         Cmd::Follow {
             turn_id,
@@ -185,7 +183,8 @@ async fn command(
             if !followers.contains_key(&turn_id) {
                 let channel = channel(turn_id);
                 if let Err(e) = listener.listen(&channel).await {
-                    let _ = listening.send(Err(e.to_string()));
+                    let e = Arc::new(e);
+                    let _ = listening.send(Err(FollowError::Listen(Arc::clone(&e))));
                     return Err(e);
                 }
             }
@@ -199,7 +198,10 @@ async fn command(
             list.retain(|(i, _)| *i != id);
             if list.is_empty() {
                 followers.remove(&turn_id);
-                listener.unlisten(&channel(turn_id)).await?;
+                listener
+                    .unlisten(&channel(turn_id))
+                    .await
+                    .map_err(Arc::new)?;
             }
         }
     }

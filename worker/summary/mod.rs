@@ -8,16 +8,19 @@
 //! JSON, its grammar and validation), [`jobs`] (the lane: close, rolling, session, spine),
 //! [`spine`], [`daily`] (daily, historical, merge, degradation), [`cache`] (moka caches and
 //! their hit counters), [`context_manager`] (seed 003's API and compactor),
-//! [`session_context`] (what a new session starts from); the `kvmem summary` command is
-//! [`crate::cmd::summary`].
+//! [`session_context`] (what a new session starts from), [`report`] (what `kvmem summary`
+//! and `kvmem status` read, and the rebuild's jobs), [`demo`] (what the demo's scenes set
+//! and read); the `kvmem summary` command is [`crate::cmd::summary`].
 
 pub mod cache;
 pub mod compaction;
 pub mod context_manager;
 pub mod daily;
 mod daily_prompt;
+pub mod demo;
 pub mod jobs;
 pub mod llm;
+pub mod report;
 pub mod schema;
 pub mod session_context;
 pub mod spine;

@@ -43,4 +43,13 @@ pub struct ClaimedTurn {
     pub max_attempts: i32,
     pub fencing_token: i64,
     pub owner: String,
+    /// The session's last committed turn when this one was claimed: the only turn, with
+    /// its committing fence, whose snapshot this turn may resume. Read with the claim, so
+    /// the turn asks the queue nothing more; under the session's lease no other turn of the
+    /// session can commit until this one ends.
+    pub last_done: LastDone,
 }
+
+/// A session's last committed turn and the fencing token its completion recorded (`None`
+/// for a turn committed before tokens were recorded); `None` before a first turn.
+pub type LastDone = Option<(i64, Option<i64>)>;

@@ -4,12 +4,14 @@
 
 pub mod chain;
 mod claimed;
+mod lease;
 pub mod log;
 mod options;
 
 use crate::engine::EngineError;
 use crate::snapshot::Segment;
-pub use claimed::{ClaimedTurn, TurnId, TurnState};
+pub use claimed::{ClaimedTurn, LastDone, TurnId, TurnState};
+pub use lease::{Lease, LeaseCheck};
 use log::KvLog;
 pub use options::TurnOptions;
 

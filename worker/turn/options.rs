@@ -24,13 +24,20 @@ pub struct TurnOptions {
     pub max_tokens: Option<u32>,
 }
 
+/// Why a turn row's options do not read back. The endpoint and the database check admit
+/// only the shape above, so such a row is a bug no retry fixes: the worker fails the turn.
+#[derive(Debug, thiserror::Error)]
+pub enum OptionsError {
+    #[error("the turn's options are unreadable: {0}")]
+    Unreadable(#[source] serde_json::Error),
+}
+
 impl TurnOptions {
     /// The options of a turn row; `None` (a turn queued without them) is the default.
-    pub fn from_row(options: Option<&Value>) -> Result<TurnOptions, String> {
+    pub fn from_row(options: Option<&Value>) -> Result<TurnOptions, OptionsError> {
         match options {
             None | Some(Value::Null) => Ok(TurnOptions::default()),
-            Some(v) => serde_json::from_value(v.clone())
-                .map_err(|e| format!("the turn's options are unreadable: {e}")),
+            Some(v) => serde_json::from_value(v.clone()).map_err(OptionsError::Unreadable),
         }
     }
 
@@ -76,7 +83,13 @@ mod tests {
         assert_eq!(o.sampling().stop, vec!["X".to_string()]);
         assert_eq!(o.reply_max(96), 96);
         assert_eq!(o.reply_max(1000), 500);
-        let bad = TurnOptions::from_row(Some(&json!({"n": 2}))).unwrap_err();
+        let bad = TurnOptions::from_row(Some(&json!({"n": 2})))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.starts_with("the turn's options are unreadable: "),
+            "{bad}"
+        );
         assert!(bad.contains("unknown field `n`"), "{bad}");
     }
 }

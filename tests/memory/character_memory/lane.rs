@@ -79,7 +79,7 @@ async fn a_failing_extractor_never_blocks_a_turn_or_loses_a_message(pool: PgPool
             assert_eq!(drain(&deps).await.len(), said.len());
             let mut params = kvmem::engine::EngineParams::from_settings(&s);
             params.n_ctx = 64;
-            let engine = kvmem::engine::Engine::load(&tiny_model(), None, params).unwrap();
+            let engine = kvmem::system::load_engine(&tiny_model(), None, params).unwrap();
             let extractor =
                 kvmem::memory::ingest::llm::LlmExtractor::start(std::sync::Arc::new(engine), None)
                     .unwrap();

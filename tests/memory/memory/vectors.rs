@@ -156,7 +156,12 @@ async fn two_searches_and_a_turn_load_the_embedder_once_and_open_one_pool(pool: 
         "database_url": url,
         "memory_embed_model_path": path,
     }));
-    let db = kvmem::system::database(&settings, 4).await.unwrap();
+    let settings = Arc::new(settings);
+    let writer = kvmem::system::Role::Writer { connections: 4 };
+    let app = kvmem::system::build(settings.clone(), writer)
+        .await
+        .unwrap();
+    let db = app.pool.clone();
     let ch = common::character(&db, "alice", "Aria").await;
     for _ in 0..2 {
         let svc = kvmem::system::memory_service(db.clone(), &settings, true)
@@ -168,14 +173,10 @@ async fn two_searches_and_a_turn_load_the_embedder_once_and_open_one_pool(pool: 
         assert!(res.semantic, "the search ran without its embedder");
     }
     let engine = common::load_engine(&common::tiny_model(), &settings);
-    let deps = kvmem::system::deps(
-        db.clone(),
-        Arc::new(settings),
-        kvmem::system::Model::Llama(engine),
-        "w1".into(),
-        Arc::new(kvmem::metrics::Metrics::new()),
-    )
-    .unwrap();
+    let deps = app
+        .with_metrics(Arc::new(kvmem::metrics::Metrics::new()))
+        .deps(kvmem::system::Model::Llama(engine), "w1".into())
+        .unwrap();
     let (id, log) = common::one_turn(&deps, "s1", "alice", ch, "what about my dog?").await;
     assert!(log.error.is_none(), "{log:?}");
     // The turn's recall ran (its search embeds the question), so the pipeline built its

@@ -167,7 +167,7 @@ async fn cli_shows_each_user_only_their_own_summaries(pool: PgPool) {
 #[sqlx::test(migrations = false)]
 async fn http_summary_route_serves_the_caller_only(pool: PgPool) {
     let (a, b) = two_tenants(&pool).await;
-    let state = kvmem::http::AppState::new(
+    let state = crate::common::http_state(
         pool.clone(),
         Arc::new(common::settings(json!({}))),
         String::new(),

@@ -5,6 +5,7 @@ mod error;
 mod eval;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
@@ -19,7 +20,7 @@ use crate::memory::notes::todos;
 use crate::memory::search::cards;
 use crate::memory::search::{self, SearchRequest};
 use crate::memory::store::{self, Scope};
-use crate::memory::{render, MemoryError, MemoryService, RankerKind};
+use crate::memory::{self, render, MemoryError, MemoryService, RankerKind};
 pub use error::{MemoryCliError, Result};
 
 #[derive(Debug, Args)]
@@ -245,7 +246,10 @@ impl MemoryCommand {
 /// Runs one `kvmem memory` command against `DATABASE_URL`: one that writes migrates first,
 /// one that only reads refuses a schema behind this binary.
 pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
-    let pool = crate::system::connect(&settings, 4).await?;
+    let as_is = crate::system::Role::AsIs { connections: 4 };
+    let pool = crate::system::build(Arc::new(settings.clone()), as_is)
+        .await?
+        .pool;
     match args.command.name_and_writes() {
         (_, true) => {
             db::migrate(&pool).await?;
@@ -305,29 +309,11 @@ pub async fn run(args: MemoryArgs, settings: Settings) -> Result<()> {
             text,
             entity,
         } => {
-            let s = scope.scope();
-            let job: i64 =
-                sqlx::query_scalar(include_str!("../../../sql/memory/queue_remember.sql"))
-                    .bind(&s.user_id)
-                    .bind(s.character_id)
-                    .bind(&text)
-                    .bind(&s.guild_id)
-                    .bind(&entity)
-                    .fetch_one(&pool)
-                    .await
-                    .map_err(sql_input)?;
+            let job = memory::queue_remember(&pool, &scope.scope(), &text, &entity).await?;
             print_job(&svc, job).await?;
         }
         MemoryCommand::Forget { scope, text } => {
-            let s = scope.scope();
-            let job: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/queue_forget.sql"))
-                .bind(&s.user_id)
-                .bind(s.character_id)
-                .bind(&text)
-                .bind(&s.guild_id)
-                .fetch_one(&pool)
-                .await
-                .map_err(sql_input)?;
+            let job = memory::queue_forget(&pool, &scope.scope(), &text).await?;
             print_job(&svc, job).await?;
         }
         MemoryCommand::Todos {
@@ -415,10 +401,7 @@ async fn work(pool: PgPool, settings: &Settings) -> Result<()> {
     let svc = crate::system::memory_lane_service(pool, settings, None, None).await?;
     let done = jobs::drain(&svc).await?;
     println!("ran {} memory job(s)", done.len());
-    let waiting: i64 = sqlx::query_scalar(include_str!("../../../sql/memory/extract_waiting.sql"))
-        .fetch_one(&svc.pool)
-        .await
-        .map_err(MemoryError::from)?;
+    let waiting = memory::extraction_waiting(&svc.pool).await?;
     if waiting > 0 && svc.extractor.is_none() {
         eprintln!(
             "note: {waiting} job(s) ask for fact extraction and stay queued: this process has no \
@@ -547,15 +530,6 @@ async fn curate(svc: &MemoryService, s: &Scope) -> Result<()> {
         folded.len()
     );
     Ok(())
-}
-
-fn sql_input(e: sqlx::Error) -> MemoryCliError {
-    match &e {
-        sqlx::Error::Database(d) if d.code().as_deref() == Some("22023") => {
-            MemoryError::Invalid(d.message().to_string()).into()
-        }
-        _ => MemoryError::Db(e).into(),
-    }
 }
 
 async fn print_job(svc: &MemoryService, job: i64) -> Result<()> {

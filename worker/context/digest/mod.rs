@@ -4,6 +4,7 @@
 
 mod rebuild;
 mod rebuilder;
+mod session;
 mod text;
 
 pub use rebuild::{
@@ -11,4 +12,5 @@ pub use rebuild::{
     Rebuilt, Stored, MAX_BATCH,
 };
 pub use rebuilder::{run_rebuilder, FACTS_CHANNEL};
+pub use session::{copy_facts, facts_changed, last_change, seed_fact, start_demo_conflict};
 pub use text::{build, canonicalize, relevance, render_line, version_of, Built, Fact, Relevance};

@@ -64,24 +64,45 @@ pub struct ImportLine {
     pub context: Option<String>,
 }
 
-fn id_string(field: &str, v: &serde_json::Value) -> std::result::Result<String, String> {
+/// Why a line is rejected: the report lists it as `line N: {this}` and imports the rest.
+#[derive(Debug, thiserror::Error)]
+pub enum LineError {
+    #[error("not a valid record: {0}")]
+    NotARecord(#[source] serde_json::Error),
+    #[error("{field} must be a string")]
+    IdNotString { field: &'static str },
+    #[error("{field} must not be empty")]
+    IdEmpty { field: &'static str },
+    #[error("{field} is longer than 200 characters")]
+    IdTooLong { field: &'static str },
+    #[error("at {at:?} is not RFC 3339 (e.g. 2024-05-03T10:00:00Z)")]
+    NotRfc3339 { at: String },
+    #[error("text is empty")]
+    EmptyText,
+    #[error("text is longer than {max} characters", max = MAX_TEXT)]
+    TextTooLong,
+    #[error("speaker is empty")]
+    EmptySpeaker,
+}
+
+fn id_string(field: &'static str, v: &serde_json::Value) -> std::result::Result<String, LineError> {
     let s = match v {
         serde_json::Value::String(s) => s.trim().to_string(),
         serde_json::Value::Number(n) => n.to_string(),
-        _ => return Err(format!("{field} must be a string")),
+        _ => return Err(LineError::IdNotString { field }),
     };
     if s.is_empty() {
-        return Err(format!("{field} must not be empty"));
+        return Err(LineError::IdEmpty { field });
     }
     if s.len() > 200 {
-        return Err(format!("{field} is longer than 200 characters"));
+        return Err(LineError::IdTooLong { field });
     }
     Ok(s)
 }
 
 /// RFC 3339; a timestamp without an offset is read as UTC rather than rejected, since
 /// exports often drop the `Z`.
-fn parse_at(raw: &str) -> std::result::Result<DateTime<Utc>, String> {
+fn parse_at(raw: &str) -> std::result::Result<DateTime<Utc>, LineError> {
     let t = raw.trim();
     if let Ok(d) = DateTime::parse_from_rfc3339(t) {
         return Ok(d.with_timezone(&Utc));
@@ -95,29 +116,27 @@ fn parse_at(raw: &str) -> std::result::Result<DateTime<Utc>, String> {
             return Ok(n.and_utc());
         }
     }
-    Err(format!(
-        "at {raw:?} is not RFC 3339 (e.g. 2024-05-03T10:00:00Z)"
-    ))
+    Err(LineError::NotRfc3339 { at: raw.into() })
 }
 
 /// Parses and validates one line; the error says which field is wrong.
-fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, String> {
-    let r: RawLine = serde_json::from_str(raw).map_err(|e| format!("not a valid record: {e}"))?;
-    let opt = |field: &str, v: &Option<serde_json::Value>| match v {
+fn parse_line(line_no: usize, raw: &str) -> std::result::Result<ImportLine, LineError> {
+    let r: RawLine = serde_json::from_str(raw).map_err(LineError::NotARecord)?;
+    let opt = |field: &'static str, v: &Option<serde_json::Value>| match v {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(v) => id_string(field, v).map(Some),
     };
     let at = parse_at(&r.at)?;
     let text = r.text.trim().to_string();
     if text.is_empty() {
-        return Err("text is empty".into());
+        return Err(LineError::EmptyText);
     }
     if text.chars().count() > MAX_TEXT {
-        return Err(format!("text is longer than {MAX_TEXT} characters"));
+        return Err(LineError::TextTooLong);
     }
     let speaker = r.speaker.trim().to_string();
     if speaker.is_empty() {
-        return Err("speaker is empty".into());
+        return Err(LineError::EmptySpeaker);
     }
     Ok(ImportLine {
         line: line_no,
@@ -571,9 +590,9 @@ mod tests {
         assert_eq!(l.at.to_rfc3339(), "2024-05-03T08:00:00+00:00");
         let naive = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"2024-05-03T10:00:00"}"#).unwrap();
         assert_eq!(naive.at.to_rfc3339(), "2024-05-03T10:00:00+00:00");
-        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"","speaker":"A","text":"x","at":"2024-05-03T10:00:00Z"}"#).unwrap_err();
+        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"","speaker":"A","text":"x","at":"2024-05-03T10:00:00Z"}"#).unwrap_err().to_string();
         assert_eq!(e, "message_id must not be empty");
-        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"May 3"}"#).unwrap_err();
+        let e = parse_line(1, r#"{"user_id":"u","session_id":"s","message_id":"m","speaker":"A","text":"x","at":"May 3"}"#).unwrap_err().to_string();
         assert!(e.starts_with("at \"May 3\" is not RFC 3339"), "{e}");
     }
 }

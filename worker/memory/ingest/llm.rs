@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::engine::generate::WarmContext;
 use crate::engine::threads::{EngineThreads, ModelStartError, RunError};
-use crate::engine::{Busy, Engine};
+use crate::engine::{Busy, Engine, GenerateError};
 use crate::memory::extractor::{ExtractError, ExtractedFact, Extractor};
 use crate::memory::ingest::extract::{self, FactCandidate};
 
@@ -31,19 +31,33 @@ impl LlmExtractor {
     /// Runs `job` on the model's thread and waits for its answer.
     fn ask<T: Send + 'static>(
         &self,
-        job: impl FnOnce(&extract::Extractor, &mut WarmContext) -> Result<T, String> + Send + 'static,
-    ) -> Result<T, String> {
+        job: impl FnOnce(&extract::Extractor, &mut WarmContext) -> Result<T, GenerateError>
+            + Send
+            + 'static,
+    ) -> Result<T, AskError> {
         let extractor = self.extractor.clone();
-        self.thread
+        let answer = self
+            .thread
             .run_blocking(move |_, ctx| job(&extractor, ctx))
-            .map_err(|e| {
-                match e {
-                    RunError::Gone => "extraction thread is gone",
-                    RunError::Stopped => "extraction thread stopped",
-                }
-                .to_string()
-            })?
+            .map_err(|e| match e {
+                RunError::Gone => AskError::Gone,
+                RunError::Stopped => AskError::Stopped,
+            })?;
+        answer.map_err(AskError::Model)
     }
+}
+
+/// Why an extraction job gave no answer: the thread is gone (never queued), it stopped
+/// mid-job (the job panicked), or the model failed. The [`Extractor`] seam carries only
+/// the text, which the job's result and the `memory_extract_error` event record.
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    #[error("extraction thread is gone")]
+    Gone,
+    #[error("extraction thread stopped")]
+    Stopped,
+    #[error(transparent)]
+    Model(GenerateError),
 }
 
 impl Extractor for LlmExtractor {
@@ -53,21 +67,17 @@ impl Extractor for LlmExtractor {
             extractor
                 .extract(ctx, &speaker, &text)
                 .map(|ex| ex.facts.into_iter().map(stored_form).collect())
-                .map_err(|e| e.to_string())
         })
-        .map_err(ExtractError)
+        .map_err(|e| ExtractError(e.to_string()))
     }
 
     fn summarize_about(&self, name: &str, said: &str) -> Result<String, ExtractError> {
         let (name, said) = (name.to_string(), said.to_string());
-        self.ask(move |extractor, ctx| {
-            extractor
-                .summarize_about(ctx, &name, &said)
-                .map_err(|e| e.to_string())
-        })
-        .map_err(ExtractError)
+        self.ask(move |extractor, ctx| extractor.summarize_about(ctx, &name, &said))
+            .map_err(|e| ExtractError(e.to_string()))
     }
 }
+
 /// A filtered candidate as the store takes it.
 fn stored_form(c: FactCandidate) -> ExtractedFact {
     ExtractedFact {

@@ -31,7 +31,7 @@ pub(super) fn prepare<'e, 'c>(
     let (mut session, warm_digest, cold) = match start {
         Start::Snapshot(snap) => match restore(engine, ctx, &snap, &blocks.base) {
             Ok(session) => (session, snap.header.digest_version.clone(), None),
-            Err(why) => return Ok(Opened::Refused(why)),
+            Err(why) => return Ok(Opened::Refused(why.to_string())),
         },
         Start::Cold(source) => (KvSession::empty(engine, ctx), String::new(), Some(source)),
     };
@@ -152,6 +152,15 @@ fn lay_back(
     })
 }
 
+/// Why a trusted snapshot was not restored: the turn goes on as a cold start.
+#[derive(Debug, thiserror::Error)]
+enum Unrestored {
+    #[error("base prompt changed")]
+    BaseChanged,
+    #[error(transparent)]
+    Engine(#[from] crate::engine::EngineError),
+}
+
 /// Restores the snapshot when its base prompt still matches; otherwise why not. A failed
 /// restore leaves the context in an unknown state: the cold retry's empty KV clears it.
 fn restore<'e, 'c>(
@@ -159,21 +168,20 @@ fn restore<'e, 'c>(
     ctx: &'c mut LlamaContext<'static>,
     snap: &Snapshot,
     base: &[LlamaToken],
-) -> Result<KvSession<'e, 'c>, String> {
+) -> Result<KvSession<'e, 'c>, Unrestored> {
     let prefix_ok = snap.token_ids.len() >= base.len()
         && snap.token_ids[..base.len()]
             .iter()
             .zip(base)
             .all(|(a, b)| *a == b.0);
     if !prefix_ok {
-        return Err("base prompt changed".to_string());
+        return Err(Unrestored::BaseChanged);
     }
-    KvSession::restore(
+    Ok(KvSession::restore(
         engine,
         ctx,
         &snap.state,
         &snap.token_ids,
         &snap.header.segments,
-    )
-    .map_err(|e| e.to_string())
+    )?)
 }

@@ -53,6 +53,8 @@ pub async fn apply(
     if closings.is_empty() && found.is_empty() {
         return Ok(applied);
     }
+    // Scope: one message's closings and new todos, and the open list they are matched
+    // against; a failure keeps none of them, so the rerun sees the todos as they were.
     let mut tx = pool.begin().await?;
     if !closings.is_empty() {
         let open = list_in(&mut tx, user, character, true).await?;
