@@ -113,7 +113,7 @@ impl SummaryCommand {
     }
 }
 
-/// Runs one `kvmem summary` command on `pool` (from [`crate::system::connect`]): one that
+/// Runs one `kvmem summary` command on `pool` (from [`crate::system::build`]): one that
 /// writes migrates first, one that only reads refuses a schema behind this binary.
 pub async fn run(args: SummaryArgs, settings: Settings, pool: PgPool) -> Result<()> {
     match args.command.name_and_writes() {

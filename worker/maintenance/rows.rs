@@ -132,7 +132,7 @@ pub async fn count(pool: &PgPool, counts: &[(String, u64)]) -> Result<()> {
     Ok(())
 }
 
-/// The totals [`count`] has added up, every worker's, by name (`kvmem status`)
+/// The totals `count` has added up, every worker's, by name (`kvmem status`)
 /// (`sql/maintenance/status_storage.sql`).
 pub async fn storage_totals(pool: &PgPool) -> Result<Vec<(String, i64)>> {
     sqlx::query_as::<_, (String, i64)>(include_str!("../../sql/maintenance/status_storage.sql"))

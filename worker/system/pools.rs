@@ -15,7 +15,7 @@ pub(super) async fn connect(settings: &Settings, connections: u32) -> Result<PgP
     connect_url(settings.database_url()?, connections).await
 }
 
-/// [`connect`] on a URL the caller holds rather than settings: a test's own throwaway
+/// `connect` on a URL the caller holds rather than settings: a test's own throwaway
 /// cluster, a benchmark's scratch database, a pool per simulated worker process.
 pub async fn connect_url(url: &str, connections: u32) -> Result<PgPool, SystemError> {
     let pool = crate::db::connect(url, connections).await?;
@@ -25,7 +25,8 @@ pub async fn connect_url(url: &str, connections: u32) -> Result<PgPool, SystemEr
     Ok(pool)
 }
 
-/// How many pools this process has opened on `url` through [`connect`]: one per command or
+/// How many pools this process has opened on `url` through `connect` (and so through
+/// [`super::build`]): one per command or
 /// worker, however many services it runs (the wiring's own test reads it).
 pub fn pools_opened(url: &str) -> usize {
     opened()
