@@ -7,24 +7,19 @@ use sqlx::PgPool;
 
 use crate::queue::{self, QueueError};
 
-/// The queue's error as the `sqlx::Error` this report returns: the queue's reads fail only
-/// with the database's error, which passes as it is.
-fn db(e: QueueError) -> sqlx::Error {
-    match e {
-        QueueError::Db(e) => e,
-        other => sqlx::Error::Protocol(other.to_string()),
-    }
-}
-
 /// Renders the queue's state as text.
 pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
     let mut out = String::new();
-    let counts = queue::state_counts(pool).await.map_err(db)?;
+    let counts = queue::state_counts(pool)
+        .await
+        .map_err(QueueError::into_db)?;
     let _ = writeln!(out, "turns by state:");
     for (state, turns) in &counts {
         let _ = writeln!(out, "  {state:<8} {turns}");
     }
-    let oldest = queue::oldest_queued(pool).await.map_err(db)?;
+    let oldest = queue::oldest_queued(pool)
+        .await
+        .map_err(QueueError::into_db)?;
     let _ = writeln!(out, "oldest queued:");
     if oldest.is_empty() {
         let _ = writeln!(out, "  (queue empty)");
@@ -32,7 +27,9 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
     for (lane, age_s, queued) in &oldest {
         let _ = writeln!(out, "  {lane:<7} {age_s:.1}s ({queued} queued)");
     }
-    let running = queue::running_turns(pool).await.map_err(db)?;
+    let running = queue::running_turns(pool)
+        .await
+        .map_err(QueueError::into_db)?;
     let _ = writeln!(out, "running ({}):", running.len());
     for r in &running {
         let _ = writeln!(
@@ -45,7 +42,7 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.expires_in_s
         );
     }
-    let dead = queue::dead_turns(pool).await.map_err(db)?;
+    let dead = queue::dead_turns(pool).await.map_err(QueueError::into_db)?;
     let _ = writeln!(out, "dead ({} shown):", dead.len());
     for r in &dead {
         let _ = writeln!(
@@ -57,8 +54,8 @@ pub async fn report(pool: &PgPool) -> Result<String, sqlx::Error> {
             r.error.as_deref().unwrap_or_default()
         );
     }
-    let (turns, p50_ms, p95_ms) = queue::latency(pool).await.map_err(db)?;
-    let (warm, cold) = queue::warm_cold(pool).await.map_err(db)?;
+    let (turns, p50_ms, p95_ms) = queue::latency(pool).await.map_err(QueueError::into_db)?;
+    let (warm, cold) = queue::warm_cold(pool).await.map_err(QueueError::into_db)?;
     let _ = writeln!(
         out,
         "last hour: {turns} ok turns, p50 {:.0} ms, p95 {:.0} ms, warm {warm} / cold {cold}",

@@ -158,10 +158,7 @@ impl LeaseCheck for SessionLease {
         Box::pin(async move {
             lease_held(&self.pool, &self.turn)
                 .await
-                .map_err(|e| match e {
-                    QueueError::Db(e) => e,
-                    other => sqlx::Error::Protocol(other.to_string()),
-                })
+                .map_err(QueueError::into_db)
         })
     }
 }

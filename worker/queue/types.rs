@@ -18,6 +18,17 @@ pub enum QueueError {
 
 pub type Result<T, E = QueueError> = std::result::Result<T, E>;
 
+impl QueueError {
+    /// The database's error as it is, for a caller that speaks `sqlx::Error` (a read fails
+    /// only with one); any other case as a protocol error with its message.
+    pub fn into_db(self) -> sqlx::Error {
+        match self {
+            QueueError::Db(e) => e,
+            other => sqlx::Error::Protocol(other.to_string()),
+        }
+    }
+}
+
 /// Lease and backoff settings, in milliseconds.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueTiming {
