@@ -16,6 +16,9 @@ Fit on the tuning half only. The reporting half is read once, for the figures pu
   fit.py zfit DUMP                      the standardised hybrid's weights re-fitted on one
                                         dump (coordinate ascent from today's, each weight
                                         scaled by 0 to 3 in turn until none gains 0.002)
+  fit.py cvfit DUMP                     zfit's re-fit judged on questions it was not fitted
+                                        on: the dump's users in two folds, fitted on one,
+                                        today's and the fitted weights' R@10 on the other
   fit.py lift DUMP CHATS                a neighbour lift's reach, decay and weight (and the
                                         BM25 weight beside it), over the standardised hybrid;
                                         CHATS is the half's import file (turn order). Measured
@@ -222,12 +225,13 @@ def lift(qs, chats):
 LIFT = (3, 1.0, 0.1)
 
 
-def zfit(qs):
+def fit_weights(qs, log=print):
+    """Coordinate ascent from today's standardised weights (see zfit): the best found."""
     def r10(w):
         return evaluate_scorers(qs, [standardised(q, w) for q in qs])["all"]
     best = dict(ZHYBRID)
     score = r10(best)
-    print(f"today's weights {best}: R@10 {score:.3f}")
+    log(f"today's weights {best}: R@10 {score:.3f}")
     improved = True
     while improved:
         improved = False
@@ -237,10 +241,37 @@ def zfit(qs):
                 r = r10(w)
                 if r > score + 0.002:
                     best, score, improved = w, r, True
-                    print(f"  {key} -> {w[key]}: R@10 {r:.3f}")
-    print(f"fitted {best}: R@10 {score:.3f}")
+                    log(f"  {key} -> {w[key]}: R@10 {r:.3f}")
+    log(f"fitted {best}: R@10 {score:.3f}")
+    return best
+
+
+def zfit(qs):
+    best = fit_weights(qs)
     for k in (5, 10):
         print(f"fitted R@{k}: {fmt(evaluate_scorers(qs, [standardised(q, best) for q in qs], k))}")
+
+
+def cvfit(qs):
+    """Whether a re-fit carries beyond the questions it was fitted on: the tuning dump's
+    users in two folds (alternating, by name), zfit's ascent on one fold, and R@10 of
+    today's and the fitted weights on the other fold, both ways round."""
+    users = sorted({q["user_id"] for q in qs})
+    folds = [set(users[0::2]), set(users[1::2])]
+    gains = []
+    for i, fold in enumerate(folds):
+        train = [q for q in qs if q["user_id"] not in fold]
+        held = [q for q in qs if q["user_id"] in fold]
+        fitted = fit_weights(train, log=lambda _: None)
+        today = evaluate_scorers(held, [standardised(q) for q in held])
+        refit = evaluate_scorers(held, [standardised(q, fitted) for q in held])
+        gains.append(refit["all"] - today["all"])
+        print(f"fold {i + 1}: fitted on {len(train)} questions, held {len(held)} "
+              f"({', '.join(sorted(fold))})")
+        print(f"  fitted weights {fitted}")
+        print(f"  held R@10 today's {fmt(today)}")
+        print(f"  held R@10 fitted  {fmt(refit)}")
+    print(f"held-out gain of the re-fit, R@10: {gains[0]:+.3f} and {gains[1]:+.3f}")
 
 
 def kinds(qs, chats):
@@ -299,6 +330,8 @@ def main():
         legs(dump)
     elif cmd == "zfit":
         zfit(dump)
+    elif cmd == "cvfit":
+        cvfit(dump)
     elif cmd == "lift" and len(sys.argv) == 4:
         lift(dump, sys.argv[3])
     elif cmd == "kinds" and len(sys.argv) == 4:
