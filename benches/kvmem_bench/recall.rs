@@ -64,28 +64,58 @@ pub(super) fn session_message(i: usize) -> String {
     }
 }
 
-/// `n` older messages of the bench user, in sessions of 20, with texts over the filler's
-/// words (so the lexical leg finds them) and pseudo-random vectors (as `ops/bench-memory`'s
-/// fill): the size of a history recall searches, without embedding it for minutes.
-pub(super) async fn seed_older_messages(pool: &PgPool, n: i32) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO memory_messages (user_id, session_id, message_id, speaker, text, at, embedding, span_embedding)
+/// The older messages' insert, each vector `$md5s` md5 digests long (8 floats each: 48 for
+/// 384 wide, 96 for 768), stamped with the lane's model ($2; '' = none).
+macro_rules! seed_statement {
+    ($md5s:literal) => {
+        concat!(
+            "-- kvmem: message vectors\n",
+            "INSERT INTO memory_messages (user_id, session_id, message_id, speaker, text, at,
+                                         embedding, embed_model, span_embedding, span_embed_model)
          SELECT 'bench', 'older-' || (i / 20), 'older-' || i, CASE WHEN i % 2 = 0 THEN 'user' ELSE 'assistant' END,
                 'the ' || w[1 + i % 24] || ' by the ' || w[1 + (i * 7) % 24] || ', then the ' || w[1 + (i * 11) % 24],
                 now() - interval '400 days' + make_interval(mins => i),
-                kvmem_f32le_vector(decode(repeat(regexp_replace(md5(i::text), '(.)', '3\\1', 'g'), 48), 'hex')),
-                kvmem_f32le_vector(decode(repeat(regexp_replace(md5('s' || i), '(.)', '3\\1', 'g'), 48), 'hex'))
+                kvmem_f32le_vector(decode(repeat(regexp_replace(md5(i::text), '(.)', '3\\1', 'g'), ",
+            stringify!($md5s),
+            "), 'hex')), NULLIF($2, ''),
+                kvmem_f32le_vector(decode(repeat(regexp_replace(md5('s' || i), '(.)', '3\\1', 'g'), ",
+            stringify!($md5s),
+            "), 'hex')), NULLIF($2, '')
            FROM generate_series(1, $1) AS i,
                 (SELECT ARRAY['convoy','canyon','engine','shields','guild','credits','orbit','signal',
                               'outpost','pilot','storm','cargo','reactor','patrol','beacon','station',
-                              'harbor','ridge','relay','scanner','supply','route','drift','anchor']) AS v(w)",
-    )
-    .bind(n)
-    .execute(pool)
-    .await?;
+                              'harbor','ridge','relay','scanner','supply','route','drift','anchor']) AS v(w)"
+        )
+    };
+}
+
+/// `n` older messages of the bench user, in sessions of 20, with texts over the filler's
+/// words (so the lexical leg finds them) and pseudo-random vectors (as `ops/bench-memory`'s
+/// fill): the size of a history recall searches, without embedding it for minutes. The
+/// vectors are the lane's embedder's width and model, in its columns, so its vector leg
+/// searches them as it would a real history (a wider embedder searches a wider index).
+pub(super) async fn seed_older_messages(
+    pool: &PgPool,
+    n: i32,
+    lane: &kvmem::memory::MemoryService,
+) -> Result<()> {
+    let columns = lane.columns();
+    let sql = if columns == kvmem::memory::columns::Columns::WIDE {
+        SEED_768
+    } else {
+        SEED_384
+    };
+    sqlx::query(columns.sql(sql))
+        .bind(n)
+        .bind(lane.model_id().unwrap_or(""))
+        .execute(pool)
+        .await?;
     sqlx::query("ANALYZE memory_messages").execute(pool).await?;
     Ok(())
 }
+
+const SEED_384: &str = seed_statement!(48);
+const SEED_768: &str = seed_statement!(96);
 
 /// Issue 15's benchmark: recall's latency inside the turn, the tokens memory injects per
 /// turn over a long session, and warm TTFT with memory on and off at 2,000 tokens of
@@ -93,10 +123,14 @@ pub(super) async fn seed_older_messages(pool: &PgPool, n: i32) -> Result<()> {
 /// machine, session and KV size).
 pub(super) async fn recall(env: &Env) -> Result<Value> {
     let kv_dir = tempdir("recall")?;
-    let on = Settings::defaults().with(json!({
+    let mut on = Settings::defaults().with(json!({
         "kv_dir": kv_dir, "n_ctx": 4096, "kv_tail_tokens": 3000, "reply_max_tokens": 32,
         "log_level": "warn",
     }))?;
+    // KVMEM_BENCH_EMBED_MODEL: the embedder to measure (default: the settings' own, e5).
+    if let Ok(path) = std::env::var("KVMEM_BENCH_EMBED_MODEL") {
+        on = on.with(json!({ "memory_embed_model_path": path }))?;
+    }
     let off = on.with(json!({"memory_max_tokens": 0, "summary_max_tokens": 0}))?;
     let engine = Arc::new(kvmem::system::load_engine(
         &env.smollm2,
@@ -117,7 +151,7 @@ pub(super) async fn recall(env: &Env) -> Result<Value> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    seed_older_messages(&pool, older).await?;
+    seed_older_messages(&pool, older, &lane).await?;
     let first = memory_turn(&on_deps, &lane, "ttft", ch, "Status report?").await?;
     anyhow::ensure!(first.cold, "the first turn should start cold");
     let pairs = std::env::var("KVMEM_BENCH_RECALL_PAIRS")
@@ -139,6 +173,15 @@ pub(super) async fn recall(env: &Env) -> Result<Value> {
     }
     let (mon, moff) = (median(&mut on_ttft.clone()), median(&mut off_ttft.clone()));
     println!("## Memory in the turn (SmolLM2-135M Q4_1, f16 KV, reply ≤ 32 tokens)\n");
+    println!(
+        "Embedder: {} (vectors of model {}, in the {:?} columns).\n",
+        on.memory
+            .embed_model_path
+            .as_deref()
+            .map_or("none".into(), |p| p.display().to_string()),
+        lane.model_id().unwrap_or("none"),
+        lane.columns()
+    );
     println!("Warm TTFT at {history} tokens of history, {older} older messages of the user in other sessions ({pairs} pairs, on/off alternating):\n");
     println!("| memory | ttft ms median | min | max | recall ms p50 | recall ms p95 |");
     println!("|---|---:|---:|---:|---:|---:|");
