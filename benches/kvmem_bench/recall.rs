@@ -64,23 +64,33 @@ pub(super) fn session_message(i: usize) -> String {
     }
 }
 
-/// The older messages' insert, each vector `$md5s` md5 digests long (8 floats each: 48 for
-/// 384 wide, 96 for 768), stamped with the lane's model ($2; '' = none).
+/// One pseudo-random vector 384 wide from md5 digests of `$seed` (an SQL text expression):
+/// 48 digests of 8 floats each, read as kvmem_f32le_vector reads a stored vector.
+macro_rules! md5_vector {
+    ($seed:literal) => {
+        concat!(
+            "kvmem_f32le_vector(decode(repeat(regexp_replace(md5(",
+            $seed,
+            "), '(.)', '3\\1', 'g'), 48), 'hex'))"
+        )
+    };
+}
+
+/// The older messages' insert with `$embedding` and `$span` as the two vectors (SQL over
+/// the row number `i`), stamped with the lane's model ($2; '' = none).
 macro_rules! seed_statement {
-    ($md5s:literal) => {
+    ($embedding:expr, $span:expr) => {
         concat!(
             "-- kvmem: message vectors\n",
             "INSERT INTO memory_messages (user_id, session_id, message_id, speaker, text, at,
                                          embedding, embed_model, span_embedding, span_embed_model)
          SELECT 'bench', 'older-' || (i / 20), 'older-' || i, CASE WHEN i % 2 = 0 THEN 'user' ELSE 'assistant' END,
                 'the ' || w[1 + i % 24] || ' by the ' || w[1 + (i * 7) % 24] || ', then the ' || w[1 + (i * 11) % 24],
-                now() - interval '400 days' + make_interval(mins => i),
-                kvmem_f32le_vector(decode(repeat(regexp_replace(md5(i::text), '(.)', '3\\1', 'g'), ",
-            stringify!($md5s),
-            "), 'hex')), NULLIF($2, ''),
-                kvmem_f32le_vector(decode(repeat(regexp_replace(md5('s' || i), '(.)', '3\\1', 'g'), ",
-            stringify!($md5s),
-            "), 'hex')), NULLIF($2, '')
+                now() - interval '400 days' + make_interval(mins => i), ",
+            $embedding,
+            ", NULLIF($2, ''), ",
+            $span,
+            ", NULLIF($2, '')
            FROM generate_series(1, $1) AS i,
                 (SELECT ARRAY['convoy','canyon','engine','shields','guild','credits','orbit','signal',
                               'outpost','pilot','storm','cargo','reactor','patrol','beacon','station',
@@ -105,17 +115,47 @@ pub(super) async fn seed_older_messages(
     } else {
         SEED_384
     };
-    sqlx::query(columns.sql(sql))
+    let seeded = sqlx::query(columns.sql(sql))
         .bind(n)
         .bind(lane.model_id().unwrap_or(""))
         .execute(pool)
-        .await?;
+        .await?
+        .rows_affected();
+    // Every seeded vector is there, of the lane's model, or its vector leg searches nothing.
+    let vectors: i64 = sqlx::query_scalar(columns.sql(
+        "-- kvmem: message vectors\nSELECT count(*) FROM memory_messages
+          WHERE session_id LIKE 'older-%' AND embedding IS NOT NULL
+            AND span_embedding IS NOT NULL AND embed_model IS NOT DISTINCT FROM NULLIF($1, '')",
+    ))
+    .bind(lane.model_id().unwrap_or(""))
+    .fetch_one(pool)
+    .await?;
+    anyhow::ensure!(
+        lane.model_id().is_none() || vectors as u64 == seeded,
+        "{seeded} older messages seeded, {vectors} with both vectors of the lane's model"
+    );
     sqlx::query("ANALYZE memory_messages").execute(pool).await?;
     Ok(())
 }
 
-const SEED_384: &str = seed_statement!(48);
-const SEED_768: &str = seed_statement!(96);
+const SEED_384: &str = seed_statement!(md5_vector!("i::text"), md5_vector!("'s' || i"));
+// kvmem_f32le_vector reads 384 floats only: a 768-wide vector is two of them joined.
+const SEED_768: &str = seed_statement!(
+    concat!(
+        "(",
+        md5_vector!("i::text"),
+        "::real[] || ",
+        md5_vector!("'w' || i"),
+        "::real[])::vector"
+    ),
+    concat!(
+        "(",
+        md5_vector!("'s' || i"),
+        "::real[] || ",
+        md5_vector!("'sw' || i"),
+        "::real[])::vector"
+    )
+);
 
 /// Issue 15's benchmark: recall's latency inside the turn, the tokens memory injects per
 /// turn over a long session, and warm TTFT with memory on and off at 2,000 tokens of
